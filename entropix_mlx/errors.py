@@ -1,0 +1,22 @@
+"""Errors a user can provoke. Each carries a one-line message that says what is
+wrong and what to do; the CLI prints it and exits with code 2."""
+
+
+class EntropixError(Exception):
+    """Base class: a problem with the user's input, not a bug."""
+
+
+class ModelLoadError(EntropixError):
+    """The model reference cannot be resolved or its files cannot be read."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The files are readable but describe a model this port does not run."""
+
+
+class ContextOverflowError(EntropixError):
+    """The cache would grow past the model's context length."""
+
+
+class ConfigError(EntropixError):
+    """A sampler or CLI setting is invalid."""

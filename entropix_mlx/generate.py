@@ -1,0 +1,136 @@
+"""The decode loop: prefill, then one sampler decision and one forward pass per step.
+
+`generate(...)` returns a `Generation`: iterate it for `TokenEvent`s as they are
+produced; `summary()` is valid at any time, also after an interruption (Ctrl-C
+raised inside the loop still leaves the counts of what was yielded).
+"""
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+
+from .cache import make_cache
+from .samplers import Sampler, Step
+
+PREFILL_CHUNK = 2048
+
+
+@dataclass
+class TokenEvent:
+    token: int
+    text: str               # the text this token completes (may be "" mid UTF-8 sequence)
+    strategy: str
+    logprob: float          # natural log of the model's probability of this token
+    metrics: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {"token": d.pop("token"), "text": d.pop("text"), "strategy": d.pop("strategy"),
+                **d.pop("metrics"), **d.pop("params"), "logprob": d.pop("logprob")}
+
+
+@dataclass
+class Summary:
+    tokens: int
+    prompt_tokens: int
+    strategy_counts: dict
+    thinking_insertions: int
+    prompt_tps: float
+    generation_tps: float
+    peak_memory_gb: float
+    finish_reason: str      # "eos", "length", "interrupted" or "running"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prefill(model, tokens: list[int], cache):
+    """Run the prompt through the model; returns the last position's (logits, scores).
+
+    Long prompts go in chunks so peak memory stays bounded; only the cache of the
+    earlier chunks is evaluated (MLX is lazy, so their logits are never computed).
+    """
+    for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
+        model(mx.array([tokens[start:start + PREFILL_CHUNK]]), cache, last_only=True)
+        mx.eval([c.keys for c in cache])
+        tokens_left = tokens[start + PREFILL_CHUNK:]
+    else:
+        tokens_left = tokens[-(((len(tokens) - 1) % PREFILL_CHUNK) + 1):]
+    return model(mx.array([tokens_left]), cache, last_only=True)
+
+
+class Generation:
+    def __init__(self, model, tokenizer, prompt_tokens: list[int], sampler: Sampler,
+                 max_tokens: int = 256, seed: int = 0, cache=None):
+        self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
+        self.prompt_tokens = list(prompt_tokens)
+        self.max_tokens, self.seed = max_tokens, seed
+        self.cache = cache if cache is not None else make_cache(model)
+        self.tokens: list[int] = []       # every token of the answer, in order
+        self.events: list[TokenEvent] = []
+        self.finish_reason = "running"
+        self._prompt_time = self._gen_time = 0.0
+        self._gen_start = None
+
+    def __iter__(self):
+        model, cache, eos = self.model, self.cache, self.tokenizer.eos_token_ids
+        self.sampler.reset()
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        key = mx.random.key(self.seed)
+        mx.reset_peak_memory()
+
+        start = time.perf_counter()
+        logits, scores = prefill(model, self.prompt_tokens, cache)
+        mx.eval(logits)
+        self._gen_start = time.perf_counter()
+        self._prompt_time = self._gen_start - start
+
+        while len(self.tokens) < self.max_tokens:
+            key, step_key = mx.random.split(key)
+            step = Step(logits[0, -1], [s[0] for s in scores], self.tokens, model, cache)
+            choice = self.sampler.choose(step, step_key)
+            tokens = choice.tokens[: self.max_tokens - len(self.tokens)]
+            for token, logprob in zip(tokens, choice.logprobs):
+                if token in eos:
+                    self.finish_reason = "eos"
+                    self._gen_time = time.perf_counter() - self._gen_start
+                    return
+                detokenizer.add_token(token)
+                self.tokens.append(token)
+                event = TokenEvent(token, detokenizer.last_segment, choice.strategy, logprob,
+                                   choice.metrics, choice.params)
+                self.events.append(event)
+                self._gen_time = time.perf_counter() - self._gen_start
+                yield event
+            if len(self.tokens) >= self.max_tokens:
+                break
+            if choice.advanced is not None:
+                self.cache, logits, scores = choice.advanced
+                cache = self.cache
+            else:
+                logits, scores = model(mx.array([tokens]), cache)
+        self.finish_reason = "length"
+
+    def summary(self) -> Summary:
+        finish = self.finish_reason
+        strategies = Counter(e.strategy for e in self.events)
+        gen_time = self._gen_time
+        return Summary(
+            tokens=len(self.tokens),
+            prompt_tokens=len(self.prompt_tokens),
+            strategy_counts=dict(strategies),
+            thinking_insertions=sum(1 for i, e in enumerate(self.events)
+                                    if e.strategy == "think" and (i == 0 or self.events[i - 1].strategy != "think")),
+            prompt_tps=len(self.prompt_tokens) / self._prompt_time if self._prompt_time else 0.0,
+            generation_tps=len(self.tokens) / gen_time if gen_time else 0.0,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            finish_reason=finish,
+        )
+
+
+def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None) -> Generation:
+    return Generation(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)

