@@ -103,3 +103,21 @@ class MinPSampler(TemperatureSampler):
 
     def __init__(self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0):
         super().__init__(temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+
+
+BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
+SAMPLER_NAMES = ("entropix", *BASELINES)
+
+
+def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = None,
+                 config=None, **overrides) -> Sampler:
+    """Build a sampler by name. `overrides` are sampling parameters (temperature,
+    top_p, top_k, min_p); None values are ignored."""
+    from .errors import ConfigError
+
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if name == "greedy":
+        return GreedySampler()
+    if name in BASELINES:
+        return BASELINES[name](**overrides)
+    raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(SAMPLER_NAMES)}")
