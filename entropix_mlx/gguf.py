@@ -12,6 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .errors import ModelLoadError, UnsupportedModelError
+from .gguf_check import check_gguf
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -48,8 +49,7 @@ def is_gguf(path: Path) -> bool:
 def read_gguf(path: Path):
     """Returns (weights, metadata) or raises ModelLoadError with a one-line reason."""
     path = Path(path)
-    if not is_gguf(path):
-        raise ModelLoadError(f"{path} is not a GGUF file (its first bytes are not 'GGUF')")
+    check_gguf(path)  # mx.load crashes the process on some corrupt headers
     try:
         weights, metadata = mx.load(str(path), return_metadata=True)
     except Exception as e:  # mx.load raises ValueError/RuntimeError with C++ text
