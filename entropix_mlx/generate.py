@@ -72,6 +72,7 @@ class Generation:
         self.tokens: list[int] = []       # every token of the answer, in order
         self.events: list[TokenEvent] = []
         self.finish_reason = "running"
+        self.thinking_insertions = 0
         self._prompt_time = self._gen_time = 0.0
         self._gen_start = None
 
@@ -94,6 +95,7 @@ class Generation:
             step = Step(logits[0, -1], [s[0] for s in scores], self.tokens, model, cache)
             choice = self.sampler.choose(step, step_key)
             tokens = choice.tokens[: self.max_tokens - len(self.tokens)]
+            self.thinking_insertions += choice.inserted
             for token, logprob in zip(tokens, choice.logprobs):
                 if token in eos:
                     self.finish_reason = "eos"
@@ -123,8 +125,7 @@ class Generation:
             tokens=len(self.tokens),
             prompt_tokens=len(self.prompt_tokens),
             strategy_counts=dict(strategies),
-            thinking_insertions=sum(1 for i, e in enumerate(self.events)
-                                    if e.strategy == "think" and (i == 0 or self.events[i - 1].strategy != "think")),
+            thinking_insertions=self.thinking_insertions,
             prompt_tps=len(self.prompt_tokens) / self._prompt_time if self._prompt_time else 0.0,
             generation_tps=len(self.tokens) / gen_time if gen_time else 0.0,
             peak_memory_gb=mx.get_peak_memory() / 1e9,

@@ -31,6 +31,7 @@ class Choice:
     # Set by samplers that already ran the model over `tokens` (branch rollouts):
     # (cache, logits, scores) after the last of them, so the loop need not redo it.
     advanced: tuple | None = None
+    inserted: bool = False      # the tokens are an inserted thinking text, not sampled
 
 
 class Sampler(Protocol):
@@ -63,17 +64,38 @@ def _logprob(logits: mx.array, token: mx.array) -> mx.array:
     return logits[token] - mx.logsumexp(logits)
 
 
+def _baseline_metrics(step: Step, enabled: bool) -> dict:
+    # Lazy: evaluated together with the token (one host sync per step).
+    from .metrics import step_metrics
+
+    return step_metrics(step.logits, step.scores) if enabled else {}
+
+
+def _finish(token: mx.array, logprob: mx.array, metrics: dict) -> tuple[int, float, dict]:
+    from .metrics import METRIC_NAMES
+
+    stacked = mx.stack([metrics[n] for n in METRIC_NAMES]) if metrics else None
+    mx.eval(token, logprob, stacked)
+    return token.item(), logprob.item(), dict(zip(METRIC_NAMES, stacked.tolist())) if metrics else {}
+
+
 class GreedySampler:
+    """The most likely token. `metrics=False` skips the six Entropix metrics
+    (to time the bare engine)."""
+
     name = "greedy"
+
+    def __init__(self, metrics: bool = True):
+        self.metrics = metrics
 
     def reset(self):
         pass
 
     def choose(self, step: Step, key: mx.array) -> Choice:
         token = mx.argmax(step.logits)
-        logprob = _logprob(step.logits, token)
-        mx.eval(token, logprob)
-        return Choice([token.item()], "argmax", [logprob.item()], params={"temperature": 0.0})
+        token, logprob, metrics = _finish(token, _logprob(step.logits, token), _baseline_metrics(step, self.metrics))
+        return Choice([token], "argmax", [logprob], metrics,
+                      params={"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0})
 
 
 class TemperatureSampler:
@@ -81,8 +103,11 @@ class TemperatureSampler:
 
     name = "temperature"
 
-    def __init__(self, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0):
+    def __init__(self, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                 metrics: bool = True):
+        _check_params(temperature, top_p, top_k, min_p)
         self.params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+        self.metrics = metrics
 
     def reset(self):
         pass
@@ -90,19 +115,26 @@ class TemperatureSampler:
     def choose(self, step: Step, key: mx.array) -> Choice:
         p = self.params
         if p["temperature"] == 0:
-            return GreedySampler().choose(step, key)
+            return GreedySampler(self.metrics).choose(step, key)
         logprobs = filtered_logprobs(step.logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
         token = mx.random.categorical(logprobs, key=key)
-        logprob = _logprob(step.logits, token)
-        mx.eval(token, logprob)
-        return Choice([token.item()], "sample", [logprob.item()], params=dict(p))
+        token, logprob, metrics = _finish(token, _logprob(step.logits, token), _baseline_metrics(step, self.metrics))
+        return Choice([token], "sample", [logprob], metrics, params=dict(p))
 
 
 class MinPSampler(TemperatureSampler):
     name = "min_p"
 
-    def __init__(self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0):
-        super().__init__(temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+    def __init__(self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0,
+                 metrics: bool = True):
+        super().__init__(temperature, top_p=top_p, top_k=top_k, min_p=min_p, metrics=metrics)
+
+
+def _check_params(temperature, top_p, top_k, min_p):
+    from .config import SamplerConfig
+
+    # The same validation (and messages) as the Entropix config; 0 = greedy here.
+    SamplerConfig(temperature=temperature if temperature != 0 else 1.0, top_p=top_p, top_k=top_k, min_p=min_p)
 
 
 BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
@@ -111,13 +143,30 @@ SAMPLER_NAMES = ("entropix", *BASELINES)
 
 def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = None,
                  config=None, **overrides) -> Sampler:
-    """Build a sampler by name. `overrides` are sampling parameters (temperature,
-    top_p, top_k, min_p); None values are ignored."""
+    """Build a sampler by name.
+
+    Baselines take `overrides` temperature, top_p, top_k, min_p and `metrics`
+    (False: skip the metrics). "entropix" takes `config` (None: the model's
+    card if `model_name` has one, else the reference preset; a preset name; a
+    .toml path; or a SamplerConfig) and any SamplerConfig field as an override;
+    it needs the tokenizer to resolve its thinking text. None values are ignored.
+    """
     from .errors import ConfigError
 
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if name == "entropix":
+        from .config import resolve_config
+        from .entropix import EntropixSampler
+
+        overrides.pop("metrics", None)   # Entropix always needs its metrics
+        cfg, source = resolve_config(model_name, config, **overrides)
+        return EntropixSampler(cfg, tokenizer, source)
     if name == "greedy":
-        return GreedySampler()
+        return GreedySampler(overrides.get("metrics", True))
     if name in BASELINES:
-        return BASELINES[name](**overrides)
+        try:
+            return BASELINES[name](**overrides)
+        except TypeError:
+            known = "temperature, top_p, top_k, min_p, metrics"
+            raise ConfigError(f"sampler '{name}' takes only {known}; got {', '.join(overrides)}") from None
     raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(SAMPLER_NAMES)}")

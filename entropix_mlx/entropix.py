@@ -1,0 +1,314 @@
+"""The Entropix sampler: pick each next token by how uncertain the model is.
+
+One decoding step:
+
+1. Build one lazy MLX graph with the six metrics (metrics.py, bits) AND every
+   strategy's candidate tokens and parameters (they are cheap: all filtering
+   happens on the few hundred most likely tokens). Evaluate it once: one host
+   sync per step, whatever the strategy turns out to be.
+2. Decide the strategy on the host from entropy H and varentropy V (`decide`).
+3. Return that strategy's token(s). `branch` and `think` may run the model
+   further (rollouts, the inserted text) and hand the loop the cache they end on.
+
+Strategies (stable names, used in JSON and colours):
+
+- argmax   (H and V low): the most likely token.
+- think    (H high, V low: the model hesitates among many similar options):
+           insert the model card's thinking text (e.g. " ..."), never twice in
+           a row and at most `max_thinking_insertions` times per answer;
+           otherwise sample at a raised temperature.
+- branch   (H not high, V high: a few strong options and a long tail): draw
+           `branch_candidates` distinct first tokens (sampling without
+           replacement), roll each out greedily for `branch_rollout_tokens`
+           tokens on a fork of the KV cache, in one batch, and keep the path
+           with the highest log-probability. Without a model (batched eval) it
+           samples one token with the branch parameters.
+- resample (H and V high): sample at a high temperature with a tighter top-p.
+- adaptive (everything else): draw `adaptive_samples` candidates with distinct
+           random keys and parameters adapted to the metrics; keep the one
+           with the best score  log2 p(token) - repetition_penalty * (times the
+           n-gram it completes already occurred in the answer).  Unlike the
+           reference's score (log p + a term equal for all candidates, i.e.
+           "most likely of N"), this one depends on the candidate: it trades a
+           little likelihood for not looping, the commonest failure of small
+           models.
+
+Parameter formulas are the reference's version 1 (see ENTROPIX_REFERENCE.md),
+with one deviation: the adaptive temperature is capped at
+`adaptive_max_temperature` (the reference leaves it unbounded, and H + V of a
+few bits already pushes it past 2).
+"""
+
+import math
+
+import mlx.core as mx
+
+from .config import SamplerConfig
+from .metrics import LOG2E, METRIC_NAMES, step_metrics
+from .samplers import Choice, Step
+
+NATS_TO_BITS = LOG2E
+
+
+def decide(entropy: float, varentropy: float, c: SamplerConfig) -> str:
+    """The strategy for a step, checked top to bottom as in the reference; a
+    state whose strategy is not enabled falls through to adaptive."""
+    enabled = c.strategies
+    if entropy < c.low_entropy and varentropy < c.low_varentropy:
+        state = "argmax"
+    elif entropy > c.medium_entropy and varentropy < c.low_varentropy:
+        state = "think"
+    elif entropy < c.high_entropy and varentropy > c.high_varentropy:
+        state = "branch"
+    elif entropy > c.medium_entropy and varentropy > c.high_varentropy:
+        state = "resample"
+    else:
+        state = "adaptive"
+    return state if state in enabled else "adaptive"
+
+
+def top_candidates(logprobs: mx.array, m: int) -> tuple[mx.array, mx.array]:
+    """The m most likely tokens, most likely first: (logprobs (m,), ids (m,)).
+
+    Every strategy filters with top-k (k <= m), so the rest of the vocabulary
+    can never be sampled; working on these m values keeps each filter and draw
+    to a few hundred elements instead of the whole vocabulary (a full sort of
+    49k logits costs ~10 ms on CPU)."""
+    vocab = logprobs.shape[-1]
+    if m >= vocab:
+        ids = mx.argsort(-logprobs)
+    else:
+        ids = mx.argpartition(-logprobs, m - 1)[:m]
+        ids = ids[mx.argsort(-logprobs[ids])]
+    return logprobs[ids], ids
+
+
+def filter_sorted(sorted_logprobs: mx.array, temperature, top_k, top_p, min_p) -> mx.array:
+    """Tempered log-weights of the kept tokens (-inf for removed ones), for
+    log-probabilities sorted most likely first. Same rules and order as
+    mlx-lm's apply_top_k -> apply_top_p -> apply_min_p -> temperature:
+
+    - top-k keeps the k most likely (k = 0: all);
+    - top-p keeps the most likely tokens until their mass, within the top-k
+      set, reaches top_p (the token that crosses it is kept);
+    - min-p keeps tokens with p >= min_p * p_max.
+
+    Written here rather than calling mlx-lm's helpers because the parameters
+    are MLX arrays computed from this step's metrics: mlx-lm's helpers are
+    compiled with Python-number parameters, so they would need the metrics on
+    the host first (a second sync per step) and recompile for every new value.
+    The most likely token is always kept.
+    """
+    m = sorted_logprobs.shape[-1]
+    rank = mx.arange(m)
+    top_k = mx.array(top_k)
+    keep = (top_k <= 0) | (rank < top_k)
+    probs = mx.where(keep, mx.exp(sorted_logprobs), 0.0)
+    mass_before = mx.cumsum(probs) - probs
+    top_p = mx.array(top_p)
+    keep = keep & ((top_p >= 1.0) | (mass_before < top_p * probs.sum()))
+    keep = keep & (sorted_logprobs >= sorted_logprobs[0] + mx.log(mx.array(min_p, mx.float32)))
+    keep = keep | (rank == 0)
+    return mx.where(keep, sorted_logprobs / temperature, -mx.inf)
+
+
+def _clip(x, lo, hi):
+    return mx.minimum(mx.maximum(x, lo), hi)
+
+
+class EntropixSampler:
+    name = "entropix"
+
+    def __init__(self, config: SamplerConfig | None = None, tokenizer=None, source: str = "preset reference"):
+        self.config = config or SamplerConfig()
+        self.config_source = source   # where the thresholds came from, for the CLI to print
+        self.thinking_tokens: list[int] = []
+        if tokenizer is not None:
+            self.thinking_tokens = list(tokenizer.encode(self.config.thinking_text, add_special_tokens=False))
+        self.reset()
+
+    def reset(self):
+        self.insertions = 0
+        self._just_inserted = False
+
+    # -- the one graph per step -------------------------------------------------
+
+    def _candidate_pool(self, vocab: int) -> int:
+        c = self.config
+        if c.top_k <= 0:
+            return vocab
+        return min(vocab, max(c.adaptive_top_k_max, math.ceil(1.5 * c.top_k), 5, c.branch_candidates))
+
+    def plan(self, step: Step, key: mx.array) -> dict:
+        """Metrics, every strategy's parameters and candidates, as lazy arrays."""
+        c = self.config
+        logits = step.logits.astype(mx.float32)
+        logprobs = logits - mx.logsumexp(logits)
+        m = step_metrics(logits, step.scores, c.attention_layers)
+        H, V = m["entropy"], m["varentropy"]
+        ae, av, ag, ist = m["attn_entropy"], m["attn_varentropy"], m["agreement"], m["interaction_strength"]
+        T0, p0, k0, mp0 = c.temperature, c.top_p, c.top_k, c.min_p
+
+        pool = self._candidate_pool(logprobs.shape[-1])
+        vals, ids = top_candidates(logprobs, pool)
+        kmax = pool if k0 > 0 else 0
+
+        def as_k(x):   # a top-k computed from metrics, kept within the candidate pool
+            return _clip(x, 1, pool).astype(mx.int32) if k0 > 0 else mx.array(0)
+
+        params = {
+            "think": (mx.minimum(1.5, T0 * (1.3 + 0.2 * ae)), mx.array(k0), mx.array(p0), mx.array(mp0)),
+            "branch": (mx.minimum(1.5, T0 * (1.2 + 0.3 * ist)),
+                       as_k(mx.maximum(5, mx.floor(k0 * (1 + 0.5 * (1 - ag))))), mx.array(p0), mx.array(mp0)),
+            "resample": (mx.maximum(2.0, T0 * (2.0 + 0.5 * av)), mx.array(k0),
+                         mx.maximum(0.5, p0 - 0.2 * ae), mx.array(mp0)),
+            "adaptive": (_clip(T0 * (1 + 0.3 * (H + V) + 0.2 * (ae + av) - 0.2 * ag), 0.05 * T0, c.adaptive_max_temperature),
+                         as_k(_clip(mx.round(k0 * (1 + 0.3 * ist - 0.2 * ag)), 1, min(kmax or pool, c.adaptive_top_k_max))),
+                         _clip(p0 * (1 + 0.1 * av), 0.1, 1.0),
+                         _clip(mp0 * (1 - 0.5 * (H + V)), 0.01, 0.5)),
+        }
+        k_think, k_branch, k_resample, k_adaptive = mx.random.split(key, 4)
+
+        def draw(weights, k):   # index into the pool
+            return mx.random.categorical(weights, key=k)
+
+        w = {s: filter_sorted(vals, *p) for s, p in params.items()}
+        # Sampling without replacement (Gumbel-top-n): distinct branch candidates.
+        gumbel = w["branch"] + mx.random.gumbel(shape=w["branch"].shape, key=k_branch)
+        branch_idx = mx.argsort(-gumbel)[: c.branch_candidates]
+        adaptive_idx = mx.stack([draw(w["adaptive"], k) for k in mx.random.split(k_adaptive, c.adaptive_samples)])
+        picks = {
+            "argmax": mx.array([0]),
+            "think": draw(w["think"], k_think)[None],
+            "branch": branch_idx,
+            "resample": draw(w["resample"], k_resample)[None],
+            "adaptive": adaptive_idx,
+        }
+        return {
+            "metrics": mx.stack([m[n] for n in METRIC_NAMES]),
+            "params": mx.stack([mx.stack([mx.array(x, mx.float32) for x in params[s]]) for s in params]),
+            "tokens": {s: ids[i] for s, i in picks.items()},
+            "logprobs": {s: vals[i] for s, i in picks.items()},        # nats, under the model (T = 1)
+            "kept": {s: w[s][i] > -mx.inf for s, i in picks.items() if s in w},
+        }
+
+    # -- the decision -------------------------------------------------------------
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        c = self.config
+        plan = self.plan(step, key)
+        mx.eval(plan)                          # the step's one host sync
+        metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist()))
+        strategy = decide(metrics["entropy"], metrics["varentropy"], c)
+        param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist()))
+        tokens = {s: v.tolist() for s, v in plan["tokens"].items()}
+        logprobs = {s: v.tolist() for s, v in plan["logprobs"].items()}
+
+        def params_of(s):
+            t, k, p, mp = param_rows[s]
+            # float32 values, shown at the precision they have
+            return {"temperature": round(t, 6), "top_k": int(k), "top_p": round(p, 6), "min_p": round(mp, 6)}
+
+        inserted = False
+        advanced = None
+        if strategy == "argmax":
+            out, lps, params = tokens["argmax"], logprobs["argmax"], {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+        elif strategy == "think":
+            if (self.thinking_tokens and not self._just_inserted
+                    and self.insertions < c.max_thinking_insertions):
+                out, lps, advanced = self._insert_thinking(step)
+                params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}  # inserted, not sampled
+                inserted = True
+                self.insertions += 1
+            else:
+                out, lps, params = tokens["think"], logprobs["think"], params_of("think")
+        elif strategy == "branch":
+            kept = plan["kept"]["branch"].tolist()
+            cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept) if k]
+            params = params_of("branch")
+            if step.model is not None and step.cache is not None and len(cands) > 1:
+                out, lps, advanced = self._branch(step, cands)
+            else:
+                out, lps = [cands[0][0]], [cands[0][1]]
+        elif strategy == "resample":
+            out, lps, params = tokens["resample"], logprobs["resample"], params_of("resample")
+        else:
+            best = max(range(len(tokens["adaptive"])),
+                       key=lambda i: self.adaptive_score(tokens["adaptive"][i], logprobs["adaptive"][i], step.tokens))
+            out, lps, params = [tokens["adaptive"][best]], [logprobs["adaptive"][best]], params_of("adaptive")
+        self._just_inserted = inserted
+        return Choice(list(out), strategy, list(lps), metrics, params, advanced=advanced, inserted=inserted)
+
+    def adaptive_score(self, token: int, logprob: float, history: list[int]) -> float:
+        """log2 p(token) minus repetition_penalty bits for every earlier
+        occurrence, in `history`, of the n-gram that `token` would complete."""
+        n = self.config.repetition_ngram
+        ngram = (list(history[len(history) - (n - 1):]) if n > 1 else []) + [token]
+        repeats = 0
+        if len(ngram) == n:
+            repeats = sum(1 for i in range(len(history) - n + 1) if history[i:i + n] == ngram)
+        return logprob * NATS_TO_BITS - self.config.repetition_penalty * repeats
+
+    # -- strategies that run the model ----------------------------------------------
+
+    def _insert_thinking(self, step: Step):
+        """The thinking tokens, their log-probabilities and, with a model, the
+        state after them (the loop would run the same forward pass anyway)."""
+        toks = self.thinking_tokens
+        first = (step.logits.astype(mx.float32) - mx.logsumexp(step.logits.astype(mx.float32)))[toks[0]]
+        if step.model is None or step.cache is None:
+            # No model here: only the first token's probability is known.
+            return list(toks), [first.item()] + [math.nan] * (len(toks) - 1), None
+        logits, scores = step.model(mx.array([toks]), step.cache)
+        lp = logits[0].astype(mx.float32)
+        lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+        rest = [lp[i, toks[i + 1]] for i in range(len(toks) - 1)]
+        last_logits = logits[:, -1:, :]
+        values = mx.stack([first, *rest])
+        mx.eval(values, last_logits, scores)
+        return list(toks), values.tolist(), (step.cache, last_logits, scores)
+
+    def _branch(self, step: Step, cands: list[tuple[int, float]]):
+        """Roll every candidate out greedily on one batched fork of the cache;
+        accept the path with the highest total log-probability."""
+        n, depth = len(cands), self.config.branch_rollout_tokens
+        fork = batched_fork(step.cache, n)
+        path = [mx.array([t for t, _ in cands])]
+        path_lps = [mx.array([lp for _, lp in cands])]               # nats, (n,) per position
+        logits, scores = step.model(path[0][:, None], fork)
+        for _ in range(depth - 1):
+            lp = logits[:, -1].astype(mx.float32)
+            lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+            nxt = mx.argmax(lp, axis=-1)
+            path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
+            path.append(nxt)
+            logits, scores = step.model(nxt[:, None], fork)
+        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
+        mx.eval(path, path_lps, logits, scores)
+        best = int(mx.argmax(path_lps.sum(axis=1)).item())
+        winner = select_row(fork, best)
+        return (path[best].tolist(), path_lps[best].tolist(),
+                (winner, logits[best:best + 1, -1:, :], [s[best:best + 1] for s in scores]))
+
+
+def batched_fork(cache, n: int):
+    """Fork every layer's cache into a batch of n identical copies."""
+    forks = []
+    for layer in cache:
+        f = layer.fork()
+        if f.keys is not None and n > 1:
+            f.keys = mx.repeat(f.keys, n, axis=0)
+            f.values = mx.repeat(f.values, n, axis=0)
+        forks.append(f)
+    return forks
+
+
+def select_row(cache, row: int):
+    """Keep one batch row of a batched cache (as a new, batch-1 cache)."""
+    out = []
+    for layer in cache:
+        f = layer.fork()
+        if f.keys is not None:
+            f.keys, f.values = f.keys[row:row + 1], f.values[row:row + 1]
+        out.append(f)
+    return out
