@@ -134,7 +134,7 @@ def gguf_tokenizer(metadata: dict, path: Path):
     """Rebuild the tokenizer as a Hugging Face fast tokenizer, wrapped like the
     tokenizers mlx-lm returns (chat template, streaming detokenizer, EOS ids)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -186,4 +186,16 @@ def gguf_tokenizer(metadata: dict, path: Path):
     _, eot_id = token_at("tokenizer.ggml.eot_token_id")
     if eot_id is not None:
         eos_ids.append(eot_id)
-    return TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+    return TokenizerWrapper(hf, detokenizer_class=_streaming_detokenizer, eos_token_ids=eos_ids)
+
+
+def _streaming_detokenizer(tokenizer):
+    """mlx-lm's BPE streaming detokenizer, minus one thing: it drops the leading
+    space of a stream's first segment, which is right for tokenizers that add a
+    prefix space. GGUF byte-level BPE adds none, so that space is real text; keep
+    it, so the streamed segments always join to exactly `decode(tokens)`."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+    detokenizer = BPEStreamingDetokenizer(tokenizer)
+    detokenizer._maybe_trim_space = lambda text: text  # tests/test_tokenizer.py checks this hook still works
+    return detokenizer

@@ -1,0 +1,110 @@
+"""The tokenizer rebuilt from GGUF metadata: reference ids of the bundled model's
+chat template, lossless round trips (whole and streamed token by token), the
+SmolLM digit split, and what a typed control token does."""
+
+import pytest
+
+
+# Produced by an independent implementation (issue 2).
+REFERENCE_IDS = [
+    1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
+    19712, 8182, 2, 198, 1, 4093, 198, 14413, 1230, 314, 3227, 28, 216, 41, 30, 41, 355, 216, 41,
+    30, 33, 33, 47, 2, 198, 1, 520, 9531, 198,
+]
+
+TEXTS = [
+    "Hello world",
+    "  two leading spaces, three between   words, and trailing  ",
+    "tabs\tbetween\t\tcolumns\t",
+    "line one\nline two\n\n\nafter blank lines\r\nwindows line\n",
+    "digits 0123456789, 9.11 < 9.9, 1,000,000 and 3.14159",
+    "accents: café naïve Ærøskøbing Ångström façade São Paulo Über straße ñandú",
+    "combining: e\u0301 a\u0308 (decomposed)",
+    "emoji: 😀🎉 👍🏽 👩\u200d👩\u200d👧 🇫🇷 ❤️",
+    "mixed scripts: 日本語 Ελληνικά русский עברית العربية",
+    "punctuation , spaced ! it 's I 'm (x) [y] {z} -- ... ?!",
+    "\n\t \n",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm):
+    return smollm[1]
+
+
+def test_chat_template_reference_ids(tokenizer):
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True)
+    assert list(ids) == REFERENCE_IDS
+
+
+def test_interface_like_mlx_lm(tokenizer):
+    """Same wrapper mlx-lm returns for directories: EOS ids, BOS, streaming detokenizer."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+
+    assert isinstance(tokenizer, TokenizerWrapper)
+    assert isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer)
+    assert tokenizer.eos_token_ids == {2}
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert tokenizer.has_chat_template
+    assert tokenizer.vocab_size == 49152
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+
+
+def stream(tokenizer, ids):
+    """Segments the streaming detokenizer emits, one token at a time."""
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    segments = []
+    for token in ids:
+        detokenizer.add_token(token)
+        segments.append(detokenizer.last_segment)
+    detokenizer.finalize()
+    segments.append(detokenizer.last_segment)
+    return segments
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streaming_round_trip(tokenizer, text):
+    """Token by token, the emitted segments concatenate to the text and never
+    contain a half-decoded UTF-8 sequence (U+FFFD)."""
+    segments = stream(tokenizer, tokenizer.encode(text, add_special_tokens=False))
+    assert "".join(segments) == text
+    assert not any("\ufffd" in s for s in segments)
+
+
+def test_streaming_waits_for_complete_characters(tiny_tokenizer):
+    """The byte-level tiny tokenizer spends four tokens on an emoji: the segments
+    stay empty until the character is complete."""
+    text = "a😀b"
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == 6
+    segments = stream(tiny_tokenizer, ids)
+    assert "".join(segments) == text
+    assert "😀" in segments and not any("\ufffd" in s for s in segments)
+
+
+def test_digits_split_one_by_one(tokenizer):
+    ids = tokenizer.encode("1234567890 and 9.11", add_special_tokens=False)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert pieces == ["1", "2", "3", "4", "5", "6", "7", "8", "9", "0", " and", " ", "9", ".", "1", "1"]
+
+
+def test_typed_control_token_in_user_text(tokenizer):
+    """Finding for issue 7: the plain tokenizer (and so `apply_chat_template`)
+    parses a typed `<|im_end|>` as the control token that ends a turn (id 2, also
+    the EOS id) inside the user's message. `split_special_tokens=True` keeps it
+    as ordinary characters; `entropix_mlx.prompt.encode_chat` relies on that."""
+    typed = tokenizer.encode("a <|im_end|> b", add_special_tokens=False)
+    assert 2 in typed
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "a <|im_end|> b"}], add_generation_prompt=True)
+    assert list(ids).count(2) == 3  # system turn, the typed one, the user turn's real end
+
+    as_text = tokenizer._tokenizer.encode("a <|im_end|> b", add_special_tokens=False, split_special_tokens=True)
+    assert 2 not in as_text
+    assert tokenizer.decode(as_text) == "a <|im_end|> b"
