@@ -1,0 +1,190 @@
+"""KV cache: grows in steps, trims, forks cheaply and independently, keeps
+positions contiguous (cached passes equal one full pass), honours max_size."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from entropix_mlx import generate as generate_module
+from entropix_mlx.cache import KVCache, cache_length, fork_cache, make_cache, trim_cache
+from entropix_mlx.errors import ContextOverflowError
+from entropix_mlx.generate import generate
+from entropix_mlx.samplers import GreedySampler
+
+
+def kv(n, start=0, heads=2, dim=8):
+    """n distinct positions: value at (head, position, d) encodes the position."""
+    pos = mx.arange(start, start + n, dtype=mx.float32)[None, None, :, None]
+    keys = mx.broadcast_to(pos, (1, heads, n, dim)) + mx.arange(heads, dtype=mx.float32)[None, :, None, None] * 1000
+    return keys, -keys
+
+
+def positions(cache):
+    """The positions a cache holds, read back from what `update_and_fetch` returns."""
+    keys, _ = cache.keys_and_values()
+    return np.array(keys[0, 0, :, 0]).astype(int).tolist()
+
+
+def test_grows_in_steps_and_returns_only_written_keys():
+    cache = KVCache()
+    keys, values = cache.update_and_fetch(*kv(10))
+    assert keys.shape == (1, 2, 10, 8) and values.shape == (1, 2, 10, 8)
+    assert cache.keys.shape[2] == 256  # one step preallocated, never returned
+    for p in range(10, 257):
+        keys, values = cache.update_and_fetch(*kv(1, start=p))
+        assert keys.shape[2] == p + 1
+    assert cache.keys.shape[2] == 512
+    assert positions(cache) == list(range(257))
+    assert mx.array_equal(values, -keys)
+
+
+def test_trim_then_write_continues_at_the_trimmed_position():
+    cache = KVCache()
+    cache.update_and_fetch(*kv(20))
+    assert cache.trim(5) == 5 and cache.offset == 15
+    keys, _ = cache.update_and_fetch(*kv(2, start=100))
+    assert keys.shape[2] == 17
+    assert positions(cache) == list(range(15)) + [100, 101]
+    assert cache.trim(1000) == 17 and cache.offset == 0  # never below empty
+
+
+def test_trim_cache_and_cache_length_on_all_layers(tiny_model):
+    cache = make_cache(tiny_model)
+    assert len(cache) == len(tiny_model.layers) and cache_length(cache) == 0
+    tiny_model(mx.array([[5, 6, 7, 8, 9]]), cache)
+    assert cache_length(cache) == 5
+    assert trim_cache(cache, 2) == 2
+    assert [c.offset for c in cache] == [3, 3]
+    assert trim_cache([], 2) == 0 and cache_length([]) == 0
+
+
+def test_fork_is_independent_both_ways():
+    original = KVCache()
+    original.update_and_fetch(*kv(30))
+    fork = original.fork()
+    assert fork.offset == 30 and positions(fork) == list(range(30))
+
+    fork.update_and_fetch(*kv(3, start=500))
+    original.trim(4)  # the original overwrites positions the fork still holds
+    original.update_and_fetch(*kv(2, start=900))
+    mx.eval(fork.keys, original.keys)
+    assert positions(fork) == list(range(30)) + [500, 501, 502]
+    assert positions(original) == list(range(26)) + [900, 901]
+
+    fork2 = original.fork()
+    fork2.trim(10)
+    fork2.update_and_fetch(*kv(1, start=7000))
+    assert positions(original) == list(range(26)) + [900, 901]
+    assert positions(fork2) == list(range(18)) + [7000]
+
+
+def test_fork_of_empty_cache():
+    fork = KVCache(max_size=8).fork()
+    assert fork.offset == 0 and fork.keys is None and fork.max_size == 8
+    fork.update_and_fetch(*kv(3))
+    assert positions(fork) == [0, 1, 2]
+
+
+def test_fork_does_not_copy_the_prefix():
+    """A fork shares the written prefix: forking a cache that holds 16 MiB of keys
+    and values allocates (almost) nothing until one side grows."""
+    cache = KVCache()
+    cache.update_and_fetch(*kv(2000, heads=8, dim=128))
+    mx.eval(cache.keys, cache.values)
+    held = cache.keys.nbytes + cache.values.nbytes
+    before = mx.get_active_memory()
+    forks = [cache.fork() for _ in range(4)]
+    mx.eval([(f.keys, f.values) for f in forks])
+    assert mx.get_active_memory() - before < held / 10
+    assert all(f.keys.shape[2] == 2000 for f in forks)
+
+
+def full_forward_last(model, tokens):
+    logits, scores = model(mx.array([tokens]))
+    return logits[:, -1:], scores
+
+
+def assert_same(a, b, atol=1e-4):
+    (logits_a, scores_a), (logits_b, scores_b) = a, b
+    np.testing.assert_allclose(np.array(logits_a[:, -1]), np.array(logits_b[:, -1]), atol=atol, rtol=atol)
+    for s, t in zip(scores_a, scores_b):
+        assert s.shape == t.shape
+        np.testing.assert_allclose(np.array(s), np.array(t), atol=atol, rtol=atol)
+
+
+def test_prefill_then_decode_equals_one_full_pass(tiny_model):
+    """No hole after prefill: prefill N, then decode, equals one forward on the
+    N+1 tokens; also when the prompt goes in two pieces."""
+    tokens = [int(t) for t in np.random.default_rng(1).integers(3, 259, size=12)]
+    cache = make_cache(tiny_model)
+    tiny_model(mx.array([tokens[:11]]), cache)
+    assert_same(tiny_model(mx.array([tokens[11:]]), cache), full_forward_last(tiny_model, tokens))
+
+    cache = make_cache(tiny_model)
+    tiny_model(mx.array([tokens[:5]]), cache)
+    assert_same(tiny_model(mx.array([tokens[5:]]), cache), full_forward_last(tiny_model, tokens))
+
+
+def test_decode_across_the_growth_boundary_equals_full_pass(tiny_model):
+    """Decoding from position 250 to 262 crosses the cache's 256-slot step."""
+    tokens = [int(t) for t in np.random.default_rng(2).integers(3, 259, size=262)]
+    cache = make_cache(tiny_model)
+    tiny_model(mx.array([tokens[:250]]), cache)
+    for n in range(250, 262):
+        out = tiny_model(mx.array([[tokens[n]]]), cache)
+    assert cache[0].keys.shape[2] == 512
+    assert_same(out, full_forward_last(tiny_model, tokens))
+
+
+def test_chunked_prefill_equals_full_pass(tiny_model, monkeypatch):
+    """generate's prefill feeds long prompts in chunks; positions stay contiguous."""
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 4)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(3, 259, size=11)]
+    for n in (8, 9, 11):  # a multiple of the chunk, one past it, and a remainder
+        cache = make_cache(tiny_model)
+        logits, scores = generate_module.prefill(tiny_model, tokens[:n], cache)
+        assert cache_length(cache) == n
+        assert_same((logits, scores), full_forward_last(tiny_model, tokens[:n]))
+
+
+def test_max_size_raises_and_leaves_the_cache_intact():
+    cache = KVCache(max_size=8)
+    cache.update_and_fetch(*kv(6))
+    with pytest.raises(ContextOverflowError) as err:
+        cache.update_and_fetch(*kv(3, start=6))
+    assert "\n" not in str(err.value) and "9" in str(err.value) and "8" in str(err.value)
+    assert cache.offset == 6 and positions(cache) == list(range(6))
+    cache.update_and_fetch(*kv(2, start=6))  # exactly full is fine
+    assert cache.offset == 8
+    with pytest.raises(ContextOverflowError):
+        cache.update_and_fetch(*kv(1, start=8))
+
+
+def test_model_context_is_the_default_limit(tiny_model, tiny_tokenizer):
+    """make_cache uses the model's max_position_embeddings (512 for the tiny
+    model); an overflow leaves every layer untouched, and generate raises the
+    typed error."""
+    cache = make_cache(tiny_model)
+    assert all(c.max_size == 512 for c in cache)
+    tiny_model(mx.array([[7] * 510]), cache)
+    with pytest.raises(ContextOverflowError):
+        tiny_model(mx.array([[7] * 3]), cache)
+    assert [c.offset for c in cache] == [510, 510]
+    tiny_model(mx.array([[7, 7]]), cache)
+    assert cache_length(cache) == 512
+
+    with pytest.raises(ContextOverflowError):
+        list(generate(tiny_model, tiny_tokenizer, [7] * 513, GreedySampler(), max_tokens=2))
+    short = make_cache(tiny_model, max_size=12)
+    with pytest.raises(ContextOverflowError):  # the answer runs into the limit
+        list(generate(tiny_model, tiny_tokenizer, [7] * 10, GreedySampler(), max_tokens=5, cache=short))
+
+
+def test_fork_cache_list_forks_every_layer(tiny_model):
+    cache = make_cache(tiny_model)
+    tiny_model(mx.array([[1, 2, 3]]), cache)
+    forked = fork_cache(cache)
+    assert len(forked) == len(cache) and all(f is not c for f, c in zip(forked, cache))
+    tiny_model(mx.array([[4, 5]]), forked)
+    assert cache_length(forked) == 5 and cache_length(cache) == 3
+    assert all(f.max_size == c.max_size for f, c in zip(forked, cache))
