@@ -44,6 +44,13 @@ def resolve(ref: str | None) -> ModelSource:
     if ref.lower() in BUNDLED:
         return ModelSource(ref, bundled_path(ref.lower()), "bundled", ref.lower())
     path = Path(ref).expanduser()
+    if path.is_file() and path.suffix == ".safetensors":
+        # Weights alone say nothing of the architecture: the directory's config does.
+        if not (path.parent / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} is a safetensors file without a config.json beside it; pass a .gguf file "
+                "or a Hugging Face model directory (config.json, *.safetensors, tokenizer files)")
+        return ModelSource(ref, path.parent, "directory", path.parent.name)
     if path.is_file():
         return ModelSource(ref, path, "gguf", path.stem)
     if path.is_dir():
@@ -134,25 +141,35 @@ def load_directory(path: Path):
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} is not a JSON object; it is not a model config")
     if config.get("model_type") not in ("llama",):
         raise UnsupportedModelError(
             f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only")
     if not list(path.glob("model*.safetensors")):
         raise ModelLoadError(f"directory {path} has no model*.safetensors weights")
     try:
-        model, config = load_model(path, get_model_classes=lambda _: (Model, ModelArgs))
+        # mlx-lm builds the model and quantizes it as the config says; our class
+        # has mlx-lm's Llama parameter names, so its weights load unchanged.
+        model, config = load_model(path, get_model_classes=lambda config: (Model, ModelArgs))
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, TypeError, OSError) as e:
         raise ModelLoadError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return model, tokenizer
 
 
 def download(repo: str) -> Path:
+    from huggingface_hub import constants
     from mlx_lm.utils import _download
 
     try:
         return _download(repo)
     except Exception as e:  # huggingface_hub raises many kinds when offline
+        if constants.HF_HUB_OFFLINE:
+            raise ModelLoadError(
+                f"cannot fetch '{repo}': Hugging Face is offline (HF_HUB_OFFLINE is set) and the model "
+                "is not in the local cache; go online once, or pass a local .gguf file or model directory"
+            ) from None
         raise ModelLoadError(
             f"cannot fetch '{repo}' from Hugging Face ({type(e).__name__}); check the name and "
             "your network, or pass a local .gguf file or model directory") from None
