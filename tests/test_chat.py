@@ -1,0 +1,176 @@
+"""Conversation: the KV cache kept between turns must give exactly what a fresh
+prefill of the whole history gives, while running only the new tokens."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from entropix_mlx.cache import cache_length
+from entropix_mlx.chat import Conversation, common_prefix_length
+from entropix_mlx.errors import ContextOverflowError
+from entropix_mlx.generate import generate
+from entropix_mlx.samplers import Choice, GreedySampler
+
+
+def byte_id(char: str) -> int:
+    return 3 + ord(char)   # the tiny tokenizer: 3 special tokens, then one token per byte
+
+
+class ScriptedSampler:
+    """Answers `text` token by token, then <|im_end|> (the tiny tokenizer's EOS)."""
+
+    name = "scripted"
+
+    def __init__(self, text: str):
+        self.ids = [byte_id(c) for c in text] + [2]
+
+    def reset(self):
+        self.i = 0
+
+    def choose(self, step, key):
+        token = self.ids[min(self.i, len(self.ids) - 1)]
+        self.i += 1
+        return Choice([token], "scripted", [0.0])
+
+
+def fresh_answer(model, tokenizer, prompt_tokens, max_tokens):
+    generation = generate(model, tokenizer, prompt_tokens, GreedySampler(), max_tokens=max_tokens)
+    list(generation)
+    return generation.tokens
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([7], [8]) == 0
+
+
+def test_second_turn_prefills_only_the_closing_and_new_message(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    first = conversation.reply("hi", ScriptedSampler("ok"), max_tokens=10)
+    assert first.answer == "ok" and first.finish_reason == "eos"
+    assert first.prefilled == len(first.prompt_tokens)   # nothing cached yet
+    # The cache holds the first prompt and both answer tokens (the EOS was never fed).
+    assert conversation.cached_tokens == first.prompt_tokens + [byte_id("o"), byte_id("k")]
+
+    second = conversation.reply("more", ScriptedSampler("yes"), max_tokens=10)
+    # New: "<|im_end|>" "\n" "<|im_start|>" "user" "\n" "more" "<|im_end|>" "\n" "<|im_start|>" "assistant" "\n"
+    assert second.prefilled == 1 + 1 + 1 + 4 + 1 + 4 + 1 + 1 + 1 + 9 + 1
+    assert len(second.prompt_tokens) == len(first.prompt_tokens) + 2 + second.prefilled
+    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == len(second.prompt_tokens) + 3
+    assert [m["role"] for m in conversation.messages] == ["user", "assistant", "user", "assistant"]
+    assert conversation.messages[-1]["content"] == "yes"
+    assert conversation.strategy_counts == {"scripted": 5}
+
+
+def test_reused_cache_answers_like_a_fresh_prefill(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    first = conversation.reply("hello", GreedySampler(), max_tokens=6)
+    second = conversation.reply("and then?", GreedySampler(), max_tokens=6)
+    # Stopped by length: 5 of the 6 answer tokens went through the model, the last did not.
+    assert second.prefilled == len(second.prompt_tokens) - len(first.prompt_tokens) - 5
+    assert second.generation.tokens == fresh_answer(tiny_model, tiny_tokenizer, second.prompt_tokens, 6)
+
+
+def test_cache_keys_match_a_fresh_prefill_of_the_history(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation.reply("abc", GreedySampler(), max_tokens=4)
+    conversation.reply("defg", GreedySampler(), max_tokens=4)
+    fresh = Conversation(tiny_model, tiny_tokenizer)
+    ids = conversation.cached_tokens
+    fresh_generation = generate(tiny_model, tiny_tokenizer, ids, GreedySampler(), max_tokens=1, cache=fresh.cache)
+    list(fresh_generation)
+    for reused, full in zip(conversation.cache, fresh.cache):
+        n = len(ids)
+        assert mx.allclose(reused.keys[..., :n, :], full.keys[..., :n, :], atol=1e-4).item()
+        assert mx.allclose(reused.values[..., :n, :], full.values[..., :n, :], atol=1e-4).item()
+
+
+def test_changed_system_prompt_trims_the_cache_and_still_matches(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation.reply("hello", GreedySampler(), max_tokens=5)
+    conversation.system = "be brief"   # the history now starts differently
+    turn = conversation.reply("again", GreedySampler(), max_tokens=5)
+    # Only "<|im_start|>" is shared ("system" vs "user" follows it).
+    assert turn.prefilled == len(turn.prompt_tokens) - 1
+    assert tiny_tokenizer.decode(turn.prompt_tokens).startswith("<|im_start|>system\nbe brief<|im_end|>")
+    assert turn.generation.tokens == fresh_answer(tiny_model, tiny_tokenizer, turn.prompt_tokens, 5)
+
+
+def test_interrupted_answer_keeps_the_conversation_usable(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    turn = conversation.ask("tell me", GreedySampler(), max_tokens=20)
+    events = []
+    for event in turn:
+        events.append(event)
+        if len(events) == 3:
+            break   # what a Ctrl-C between tokens leaves behind
+    conversation.finish(turn, interrupted=True)
+    assert turn.finish_reason == "interrupted"
+    assert len(turn.generation.tokens) == 3
+    assert conversation.turns == [turn]
+    assert cache_length(conversation.cache) == len(conversation.cached_tokens)
+    next_turn = conversation.reply("go on", GreedySampler(), max_tokens=5)
+    assert next_turn.prefilled < len(next_turn.prompt_tokens)
+    assert next_turn.generation.tokens == fresh_answer(tiny_model, tiny_tokenizer, next_turn.prompt_tokens, 5)
+
+
+def test_layers_out_of_step_are_trimmed_to_the_shortest(tiny_model, tiny_tokenizer):
+    """An interrupt inside a forward pass can leave layer 0 one position ahead."""
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    turn = conversation.ask("xy", GreedySampler(), max_tokens=4)
+    list(turn)
+    k = conversation.cache[0]
+    k.update_and_fetch(k.keys[..., :1, :], k.values[..., :1, :])   # layer 0 ran, layer 1 did not
+    conversation.finish(turn, interrupted=True)
+    lengths = {c.offset for c in conversation.cache}
+    assert len(lengths) == 1
+    # prompt + 3 fed answer tokens, minus the one position dropped for safety after an interrupt
+    assert lengths.pop() == len(turn.prompt_tokens) + 3 - 1 == len(conversation.cached_tokens)
+
+
+def test_reset_starts_over_and_keeps_the_system_prompt(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer, system="sys")
+    conversation.reply("one", GreedySampler(), max_tokens=3)
+    conversation.reset()
+    assert conversation.turns == [] and cache_length(conversation.cache) == 0
+    turn = conversation.reply("two", GreedySampler(), max_tokens=3)
+    assert turn.prefilled == len(turn.prompt_tokens)
+    assert conversation.messages[0] == {"role": "system", "content": "sys"}
+
+
+def test_history_longer_than_the_context_is_refused_before_touching_the_cache(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer, max_size=64)
+    conversation.reply("hi", ScriptedSampler("ok"), max_tokens=4)
+    cached = list(conversation.cached_tokens)
+    with pytest.raises(ContextOverflowError, match="/reset"):
+        conversation.ask("x" * 80, GreedySampler(), max_tokens=4)
+    assert conversation.cached_tokens == cached and len(conversation.turns) == 1
+    assert cache_length(conversation.cache) == len(cached)
+
+
+def test_overflow_during_an_answer_keeps_the_partial_answer(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer, max_size=40)
+    turn = conversation.ask("hello there", GreedySampler(), max_tokens=100)
+    with pytest.raises(ContextOverflowError):
+        for _ in turn:
+            pass
+    conversation.finish(turn)
+    assert 0 < len(turn.generation.tokens) < 100
+    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == 40
+    with pytest.raises(ContextOverflowError):
+        conversation.ask("more", GreedySampler())
+    conversation.reset()
+    assert conversation.reply("ok", GreedySampler(), max_tokens=2).prefilled > 0
+
+
+def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer, system="s")
+    conversation.reply("hi", ScriptedSampler("ab"), max_tokens=5)
+    data = json.loads(json.dumps(conversation.transcript()))
+    assert data["system"] == "s"
+    (turn,) = data["turns"]
+    assert turn["user"] == "hi" and turn["assistant"] == "ab"
+    assert [(t["text"], t["strategy"]) for t in turn["tokens"]] == [("a", "scripted"), ("b", "scripted")]
