@@ -108,3 +108,63 @@ def test_typed_control_token_in_user_text(tokenizer):
     as_text = tokenizer._tokenizer.encode("a <|im_end|> b", add_special_tokens=False, split_special_tokens=True)
     assert 2 not in as_text
     assert tokenizer.decode(as_text) == "a <|im_end|> b"
+
+
+# --------------------------------------------------------------------------
+# GGUF tokenizer metadata other than SmolLM's (Llama-3 style files)
+# --------------------------------------------------------------------------
+
+
+def tiny_gguf_tokenizer(**metadata):
+    """The tiny byte-level vocabulary with the given tokenizer metadata changed."""
+    import mlx.core as mx
+
+    from conftest import CHAT_TEMPLATE, make_tiny_tokenizer
+    from entropix_mlx.gguf import gguf_tokenizer
+
+    tokens = make_tiny_tokenizer().convert_ids_to_tokens(list(range(259)))
+    base = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.token_type": mx.array([3, 3, 3] + [1] * 256),
+        "tokenizer.ggml.bos_token_id": mx.array(1),
+        "tokenizer.ggml.eos_token_id": mx.array(2),
+        "tokenizer.chat_template": CHAT_TEMPLATE,
+    }
+    return gguf_tokenizer({**base, **metadata}, "tiny")
+
+
+def pre_tokens(tokenizer, text):
+    """The pieces the pre-tokenizer cuts `text` into, as plain text."""
+    pieces = tokenizer._tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
+    return [tokenizer.convert_tokens_to_string([p]) for p, _ in pieces]
+
+
+def test_pre_tokenizers():
+    """`smollm` splits digits one by one; `llama-bpe` (Llama 3) groups up to
+    three digits and splits English contractions, as the Llama-3 regex does."""
+    text = "I'm 12345 ok"
+    assert pre_tokens(tiny_gguf_tokenizer(), text) == ["I", "'m", " ", "1", "2", "3", "4", "5", " ok"]
+    llama3 = tiny_gguf_tokenizer(**{"tokenizer.ggml.pre": "llama-bpe"})
+    assert pre_tokens(llama3, text) == ["I", "'m", " ", "123", "45", " ok"]
+    assert pre_tokens(llama3, "a\n\nb  c") == ["a", "\n\n", "b", " ", " c"]
+
+
+def test_add_bos_and_eot_from_metadata():
+    """Llama-3 GGUFs ask for a BOS token and keep end-of-turn apart from EOS:
+    encode adds one BOS, a template that writes its own BOS does not get two,
+    and both end ids stop generation."""
+    import mlx.core as mx
+
+    tokenizer = tiny_gguf_tokenizer(**{
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.eos_token_id": mx.array(0),
+        "tokenizer.ggml.eot_token_id": mx.array(2),
+        "tokenizer.chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}",
+    })
+    assert tokenizer.encode("hi") == [1, 107, 108]
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == [1, 107, 108, 2]
+    assert tokenizer.eos_token_ids == {0, 2}
+    assert tiny_gguf_tokenizer().encode("hi") == [107, 108]  # SmolLM adds no BOS
