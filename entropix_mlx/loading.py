@@ -152,10 +152,22 @@ def load_directory(path: Path):
         # mlx-lm builds the model and quantizes it as the config says; our class
         # has mlx-lm's Llama parameter names, so its weights load unchanged.
         model, config = load_model(path, get_model_classes=lambda config: (Model, ModelArgs))
+    except TypeError as e:  # ModelArgs(...) without a required hyper-parameter
+        raise ModelLoadError(f"{config_file} is incomplete: {_first_line(e)}") from None
+    except (ValueError, KeyError, OSError) as e:
+        raise ModelLoadError(f"cannot load the weights in {path}: {_first_line(e)}") from None
+    try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise ModelLoadError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except Exception as e:  # transformers raises many kinds
+        raise ModelLoadError(
+            f"cannot load the tokenizer in {path} ({_first_line(e)}); a model directory needs "
+            "tokenizer.json (or tokenizer.model) beside config.json") from None
     return model, tokenizer
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(":") if text else type(e).__name__
 
 
 def download(repo: str) -> Path:

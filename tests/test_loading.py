@@ -296,20 +296,28 @@ def bad_refs(tmp_path_factory, source_model):
     write_hf_dir(root / "mistral-dir", source_model, {**HF_CONFIG, "model_type": "mistral"})
     (root / "no-weights").mkdir()
     (root / "no-weights" / "config.json").write_text(json.dumps(HF_CONFIG))
+    no_tokenizer = write_hf_dir(root / "no-tokenizer", source_model, HF_CONFIG)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / name).unlink()
+    incomplete = write_hf_dir(root / "incomplete-config", source_model, HF_CONFIG)
+    (incomplete / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     return {
         "missing": (str(root / "does-not-exist.gguf"), ModelLoadError, ["not found"]),
         "not-gguf": (str(root / "notes.txt"), ModelLoadError, ["GGUF"]),
         "truncated": (str(truncated), ModelLoadError, ["truncated"]),
         "gemma": (str(gemma), UnsupportedModelError, ["gemma", "Llama"]),
         "no-config": (str(root / "no-config"), ModelLoadError, ["config.json"]),
-        "wrong-shapes": (str(root / "wrong-shapes"), ModelLoadError, ["wrong-shapes"]),
+        "wrong-shapes": (str(root / "wrong-shapes"), ModelLoadError, ["weights", "shape"]),
         "mistral-dir": (str(root / "mistral-dir"), UnsupportedModelError, ["mistral"]),
         "no-weights": (str(root / "no-weights"), ModelLoadError, ["safetensors"]),
+        "no-tokenizer": (str(no_tokenizer), ModelLoadError, ["tokenizer"]),
+        "incomplete-config": (str(incomplete), ModelLoadError, ["config.json", "num_hidden_layers"]),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "not-gguf", "truncated", "gemma", "no-config",
-                                  "wrong-shapes", "mistral-dir", "no-weights"])
+                                  "wrong-shapes", "mistral-dir", "no-weights", "no-tokenizer",
+                                  "incomplete-config"])
 def test_bad_reference_raises_typed_one_line_error(bad_refs, case):
     ref, error, words = bad_refs[case]
     with pytest.raises(error) as err:
