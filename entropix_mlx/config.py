@@ -33,7 +33,7 @@ class SamplerConfig:
 
     # Decision thresholds, checked in this order (see entropix.decide):
     #   argmax   H < low_entropy and V < low_varentropy
-    #   think    H > medium_entropy and V < low_varentropy
+    #   think    H > medium_entropy and V < think_varentropy
     #   branch   H < high_entropy and V > high_varentropy
     #   resample H > medium_entropy and V > high_varentropy (so H >= high_entropy after branch)
     #   adaptive everything else
@@ -42,6 +42,10 @@ class SamplerConfig:
     medium_entropy: float = 3.0
     high_entropy: float = 5.0
     high_varentropy: float = 5.0
+    # The reference uses low_varentropy for think too (0.1). A real model's
+    # varentropy is never that low when its entropy is high (on SmolLM2 no
+    # step is), so "think" could never fire; calibration sets this one apart.
+    think_varentropy: float = 0.1
 
     # Which strategies may be chosen; a state whose strategy is left out is
     # handled by "adaptive", which is always available.
@@ -66,7 +70,7 @@ class SamplerConfig:
     # branch_rollout_tokens tokens each (greedy after the first) and keep the
     # path with the highest total log-probability.
     branch_candidates: int = 3
-    branch_rollout_tokens: int = 3
+    branch_rollout_tokens: int = 2
 
     # Think: the text inserted when the model hesitates (from the model card),
     # at most max_thinking_insertions times per answer, never twice in a row.
@@ -75,6 +79,16 @@ class SamplerConfig:
 
     def __post_init__(self):
         validate(self)
+
+    @classmethod
+    def from_toml(cls, path, base: "SamplerConfig | None" = None) -> "SamplerConfig":
+        """Fields from a TOML file over `base` (default: the reference preset).
+        To layer a file over the model's card, pass its path to make_sampler."""
+        return load_toml(path, base)
+
+    @classmethod
+    def preset(cls, name: str, model_name: str | None = None) -> "SamplerConfig":
+        return resolve_config(model_name, name)[0]
 
     def replace(self, **changes) -> "SamplerConfig":
         return from_dict({**dataclasses.asdict(self), **changes})
@@ -88,7 +102,7 @@ class SamplerConfig:
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(SamplerConfig)}
-THRESHOLDS = ("low_entropy", "low_varentropy", "medium_entropy", "high_entropy", "high_varentropy")
+THRESHOLDS = ("low_entropy", "low_varentropy", "medium_entropy", "high_entropy", "high_varentropy", "think_varentropy")
 
 
 def _number(name, value, integer=False):

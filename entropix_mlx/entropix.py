@@ -56,7 +56,7 @@ def decide(entropy: float, varentropy: float, c: SamplerConfig) -> str:
     enabled = c.strategies
     if entropy < c.low_entropy and varentropy < c.low_varentropy:
         state = "argmax"
-    elif entropy > c.medium_entropy and varentropy < c.low_varentropy:
+    elif entropy > c.medium_entropy and varentropy < c.think_varentropy:
         state = "think"
     elif entropy < c.high_entropy and varentropy > c.high_varentropy:
         state = "branch"
