@@ -13,8 +13,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Entropy-aware sampling for Llama-family models on MLX.")
 
 from . import run as _run  # noqa: E402  (registers its command on `app`)
+from . import calibrate as _calibrate  # noqa: E402
 
 _run.register(app)
+_calibrate.register(app)
 
 
 def fail(message: str, code: int = 2):
