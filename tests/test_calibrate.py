@@ -1,0 +1,109 @@
+"""Calibration: thresholds at quantiles, atomic card writing, the card in use, the CLI."""
+
+import tomllib
+
+import numpy as np
+import pytest
+
+from entropix_mlx import calibrate as cal
+from entropix_mlx.config import SamplerConfig, load_toml
+from entropix_mlx.metrics import METRIC_NAMES
+from entropix_mlx.samplers import make_sampler
+
+from conftest import make_tiny_model
+
+
+def synthetic_samples(n=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    entropy = rng.uniform(0, 8, n)
+    varentropy = entropy * 2 + rng.uniform(0, 4, n)
+    other = {name: rng.uniform(0, 1, n) for name in METRIC_NAMES[2:]}
+    return {"entropy": entropy, "varentropy": varentropy, **other}
+
+
+def test_thresholds_sit_at_their_quantiles():
+    s = synthetic_samples()
+    t = cal.thresholds(s)
+    for name, (metric, q) in cal.QUANTILES.items():
+        if name != "think_varentropy":
+            assert np.mean(s[metric] < t[name]) == pytest.approx(q, abs=0.002), name
+    uncertain = s["varentropy"][s["entropy"] > t["medium_entropy"]]
+    assert np.mean(uncertain < t["think_varentropy"]) == pytest.approx(cal.QUANTILES["think_varentropy"][1], abs=0.005)
+    SamplerConfig().replace(**t)                     # a valid config
+
+
+def test_thresholds_stay_ordered_on_degenerate_data():
+    s = {name: np.zeros(50) for name in METRIC_NAMES}  # a model that is always certain
+    t = cal.thresholds(s)
+    assert t["low_entropy"] <= t["medium_entropy"] <= t["high_entropy"]
+    SamplerConfig().replace(**t)
+
+
+def test_card_round_trip_keeps_user_settings_and_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "m.toml"
+    path.write_text('[sampler]\nthinking_text = " Hmm,"\nlow_entropy = 99.0\nhigh_entropy = 100.0\nmedium_entropy = 99.5\n')
+    samples = synthetic_samples()
+    out, found, _ = cal.calibrate(None, None, "m", out=path, samples=samples)
+    assert out == path and [p.name for p in tmp_path.iterdir()] == ["m.toml"]   # no temp file left
+    data = tomllib.loads(path.read_text())
+    assert data["name"] == "m"
+    assert data["sampler"]["thinking_text"] == " Hmm,"               # kept
+    assert data["sampler"]["low_entropy"] == found["low_entropy"] != 99.0
+    assert data["calibration"]["steps"] == 1000
+    assert data["calibration"]["metrics"]["entropy"] == pytest.approx(
+        np.quantile(samples["entropy"], cal.REPORTED_QUANTILES), abs=1e-4)
+    config = load_toml(path)
+    assert config.thinking_text == " Hmm," and config.high_varentropy == found["high_varentropy"]
+
+    # A failed write leaves the old card untouched.
+    before = path.read_text()
+    monkeypatch.setattr(cal.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        cal.write_card(path, "garbage")
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["m.toml"]
+
+
+def test_calibrate_runs_a_model_and_the_sampler_uses_the_card(tmp_path, monkeypatch, tiny_tokenizer):
+    monkeypatch.setattr("entropix_mlx.cards.cards_dir", lambda: tmp_path)
+    model = make_tiny_model()
+    path, found, samples = cal.calibrate(model, tiny_tokenizer, "tiny", prompts=("Hi", "Count: 1 2 3"), max_tokens=3)
+    assert path == tmp_path / "tiny.toml"
+    assert 1 <= len(samples["entropy"]) <= 6 and set(samples) == set(METRIC_NAMES)
+    sampler = make_sampler("entropix", tiny_tokenizer, "tiny")
+    assert "tiny.toml" in sampler.config_source
+    assert sampler.config.low_entropy == found["low_entropy"]
+
+
+def test_bundled_card_is_committed_and_valid():
+    from entropix_mlx.cards import card_path
+
+    path = card_path("smollm2-135m")
+    data = tomllib.loads(path.read_text())
+    config = load_toml(path)
+    assert set(cal.QUANTILES) <= set(data["sampler"])
+    assert data["calibration"]["prompts"] == len(cal.PROMPTS) and data["calibration"]["steps"] > 200
+    assert config.thinking_text == data["sampler"]["thinking_text"]
+
+
+def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    from cli.app import main
+
+    model = make_tiny_model()
+    monkeypatch.setattr("entropix_mlx.loading.load",
+                        lambda ref, return_source=False: (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
+    monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
+    out = tmp_path / "card.toml"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--out", str(out), "--max-tokens", "2"])
+    assert e.value.code == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert load_toml(out).low_entropy >= 0
+
+
+def test_cli_calibrate_unknown_model_is_one_line(capsys):
+    from cli.app import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", "no/such-model-here.gguf"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
