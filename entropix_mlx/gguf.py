@@ -98,8 +98,8 @@ def gguf_config(metadata: dict, weights: dict, path: Path) -> dict:
             # ("traditional") RoPE layout; rotating that way undoes it.
             "rope_traditional": True,
         }
-    except (TypeError, KeyError) as e:
-        raise ModelLoadError(f"GGUF file {path} lacks hyper-parameter {e}; the file is incomplete") from None
+    except (TypeError, KeyError, ValueError) as e:
+        raise ModelLoadError(f"GGUF file {path} lacks a valid hyper-parameter ({e}); the file is incomplete or corrupt") from None
     scaling_type = get("rope.scaling.type")
     if scaling_type == "linear":
         config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
@@ -120,7 +120,7 @@ def gguf_weights(weights: dict) -> tuple[dict, mx.array | None]:
         parts = name.split(".")
         if parts[0] == "blk":
             layer, kind, leaf = parts[1], parts[2], ".".join(parts[3:])
-            if kind not in _LAYER_NAMES:
+            if kind not in _LAYER_NAMES or not layer.isdigit():
                 raise UnsupportedModelError(f"unexpected tensor '{name}' for a Llama model")
             renamed[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"] = value
         elif parts[0] in _TOP_NAMES:
@@ -149,7 +149,10 @@ def gguf_tokenizer(metadata: dict, path: Path):
     types = metadata.get("tokenizer.ggml.token_type")
     types = types.tolist() if types is not None else [1] * len(tokens)
 
-    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    try:
+        tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    except Exception as e:  # the tokenizers library raises a bare Exception
+        raise ModelLoadError(f"GGUF file {path} has an inconsistent tokenizer ({e}); the file is corrupt") from None
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre == "smollm":  # SmolLM splits digits one by one
@@ -199,3 +202,36 @@ def _streaming_detokenizer(tokenizer):
     detokenizer = BPEStreamingDetokenizer(tokenizer)
     detokenizer._maybe_trim_space = lambda text: text  # tests/test_tokenizer.py checks this hook still works
     return detokenizer
+
+
+def check_config(config: dict, weights: dict, path) -> None:
+    """The metadata must agree with the tensors before a model is built from it: a
+    corrupt block count or head count would otherwise build a wrong (or huge)
+    model before any weight is checked."""
+    def bad(what):
+        return ModelLoadError(f"GGUF file {path} is inconsistent: {what}; the file is corrupt")
+
+    import math
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+        if config[key] <= 0:
+            raise bad(f"{key} is {config[key]}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        if not (math.isfinite(config[key]) and config[key] > 0):
+            raise bad(f"{key} is {config[key]}")
+    layers = {int(k.split(".")[2]) for k in weights if k.startswith("model.layers.")}
+    if len(layers) != config["num_hidden_layers"] or layers != set(range(len(layers))):
+        raise bad(f"block_count is {config['num_hidden_layers']} but the file has {len(layers)} layers")
+    if config["num_attention_heads"] % config["num_key_value_heads"]:
+        raise bad("the head count is not a multiple of the KV head count")
+    expected = {
+        "model.embed_tokens.weight": config["vocab_size"],
+        "model.layers.0.self_attn.q_proj.weight": config["num_attention_heads"] * config["head_dim"],
+        "model.layers.0.self_attn.k_proj.weight": config["num_key_value_heads"] * config["head_dim"],
+        "model.layers.0.mlp.gate_proj.weight": config["intermediate_size"],
+    }
+    for name, rows in expected.items():
+        if name not in weights:
+            raise bad(f"tensor {name} is missing")
+        if weights[name].shape[0] != rows:
+            raise bad(f"tensor {name} has {weights[name].shape[0]} rows, the metadata implies {rows}")

@@ -22,6 +22,13 @@ _GGML_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_
                30: "BF16"}
 
 
+def _printable(raw: bytes) -> str:
+    """A name from the file, safe to put in a one-line message."""
+    text = raw[:60].decode("utf-8", "replace")
+    text = text if text.isprintable() else ascii(text)
+    return text + ("..." if len(raw) > 60 else "")
+
+
 class _Reader:
     def __init__(self, f, size, path):
         self.f, self.size, self.path = f, size, path
@@ -80,7 +87,7 @@ def check_gguf(path: Path) -> None:
             raise r.bad(f"header claims {n_tensors} tensors and {n_kv} metadata entries")
         alignment = 32
         for _ in range(n_kv):
-            key = r.string("metadata key").decode("utf-8", "replace")
+            key = _printable(r.string("metadata key"))
             vtype = r.unpack("I", f"type of {key}")
             start = f.tell()
             r.value(vtype, key)
@@ -91,7 +98,7 @@ def check_gguf(path: Path) -> None:
                     raise r.bad(f"alignment {alignment} is not a power of two")
         tensors = []
         for _ in range(n_tensors):
-            name = r.string("tensor name").decode("utf-8", "replace")
+            name = _printable(r.string("tensor name"))
             n_dims = r.unpack("I", f"dimension count of {name}")
             if not 1 <= n_dims <= 4:
                 raise r.bad(f"tensor {name} has {n_dims} dimensions")

@@ -122,6 +122,7 @@ def read_gguf_model(path: Path):
     weights, metadata = gguf.read_gguf(path)
     config = gguf.gguf_config(metadata, weights, path)
     weights, rope_freqs = gguf.gguf_weights(weights)
+    gguf.check_config(config, weights, path)
     return config, weights, rope_freqs, metadata
 
 
