@@ -144,10 +144,14 @@ def gguf_tokenizer(metadata: dict, path: Path):
             f"{path} uses a '{kind}' tokenizer; only byte-level BPE ('gpt2') GGUF tokenizers "
             "are supported (use the model's Hugging Face directory instead)"
         )
-    tokens = metadata["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    merges = metadata.get("tokenizer.ggml.merges")
     types = metadata.get("tokenizer.ggml.token_type")
-    types = types.tolist() if types is not None else [1] * len(tokens)
+    types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens or [])
+    if not (isinstance(tokens, list) and isinstance(merges, list) and len(types) == len(tokens)):
+        raise ModelLoadError(f"GGUF file {path} lacks a complete tokenizer (vocabulary, merges, token types); "
+                             "the file is incomplete or corrupt")
+    merges = [tuple(m.split(" ", 1)) for m in merges]
 
     try:
         tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
