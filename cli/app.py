@@ -9,13 +9,22 @@ import typer
 
 from entropix_mlx.errors import EntropixError
 
+try:  # recent Typer vendors its own copy of Click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:
+    from click.exceptions import ClickException, UsageError
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Entropy-aware sampling for Llama-family models on MLX.")
 
-from . import run as _run  # noqa: E402  (registers its command on `app`)
+from . import run as _run  # noqa: E402  (each module registers its command on `app`)
+from . import chat as _chat  # noqa: E402
+from . import models_cmd as _models  # noqa: E402
 from . import calibrate as _calibrate  # noqa: E402
 
 _run.register(app)
+_chat.register(app)
+_models.register(app)
 _calibrate.register(app)
 
 
@@ -25,8 +34,22 @@ def fail(message: str, code: int = 2):
     raise SystemExit(code)
 
 
-def main():
+def main(argv: list[str] | None = None):
+    """Run the app. Every user error ends as one `error: ...` line and exit code 2:
+    ours (EntropixError) and Click's usage errors alike, which Typer would
+    otherwise draw as a multi-line box."""
     try:
-        app()
+        code = app(args=argv, standalone_mode=False)
     except EntropixError as e:
         fail(str(e))
+    except UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":   # bare `entropix-mlx`: the help, as Click does
+            print(e.format_message())
+            raise SystemExit(e.exit_code)
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        fail(" ".join(e.format_message().split()) + hint, e.exit_code)
+    except ClickException as e:
+        fail(" ".join(e.format_message().split()), e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C or Ctrl-D outside a generation
+        raise SystemExit(130)
+    raise SystemExit(code or 0)

@@ -1,22 +1,210 @@
-"""`entropix-mlx run PROMPT`: one answer, streamed."""
+"""`entropix-mlx run PROMPT`: one answer, streamed, each token coloured by the
+strategy that chose it.
+
+stdout carries the answer only (or, with --json, only JSON Lines); the header,
+legend and summary go to stderr, so `run ... > answer.txt` keeps just the text.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from entropix_mlx import load
+from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.generate import generate
-from entropix_mlx.samplers import GreedySampler
+from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
+from entropix_mlx.samplers import SAMPLER_NAMES, make_sampler
+
+from . import render
+
+DEFAULT_SEED = 0   # a fixed default: the same command gives the same answer; pass --seed to vary it
+
+# Loaded models, by resolved path: tests and the chat command reuse them in-process.
+_MODELS: dict[str, tuple] = {}
 
 
-def run(prompt: str = typer.Argument(..., help="The prompt."),
-        model: str = typer.Option(None, "--model", "-m", help="Alias, .gguf path, directory or repo id."),
-        max_tokens: int = typer.Option(256, "--max-tokens")):
-    """Answer PROMPT on the chosen model."""
-    llm, tokenizer = load(model)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    generation = generate(llm, tokenizer, ids, GreedySampler(), max_tokens=max_tokens)
-    for event in generation:
-        print(event.text, end="", flush=True)
-    print()
+def load_model(ref: str | None):
+    """(model, tokenizer, source), loaded once per process."""
+    key = str(resolve(ref).path)
+    if key not in _MODELS:
+        _MODELS[key] = load(ref, return_source=True)
+    return _MODELS[key]
+
+
+def _check_sampler(name: str) -> str:
+    if name not in SAMPLER_NAMES:
+        raise typer.BadParameter(f"'{name}' is not a sampler; choose one of: {', '.join(SAMPLER_NAMES)}")
+    return name
+
+
+# Options shared with `chat`.
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", show_default=DEFAULT_MODEL,
+    help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")]
+SamplerOpt = Annotated[str, typer.Option(
+    "--sampler", callback=_check_sampler, help=f"One of: {', '.join(SAMPLER_NAMES)}.")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens to generate per answer.")]
+SeedOpt = Annotated[int, typer.Option(
+    "--seed", min=0, max=2**63 - 1, help="Random seed; fixed by default, so runs are reproducible.")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", exists=True, dir_okay=False, help="Sampler settings, a TOML file.")]
+TemperatureOpt = Annotated[float | None, typer.Option(
+    "--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines).")]
+def _check_top_p(value: float | None):
+    if value is not None and not 0 < value <= 1:
+        raise typer.BadParameter(f"{value} is not in (0, 1]; e.g. 0.9")
+    return value
+
+
+def _check_min_p(value: float | None):
+    if value is not None and not 0 <= value < 1:
+        raise typer.BadParameter(f"{value} is not in [0, 1); e.g. 0.05")
+    return value
+
+
+TopPOpt = Annotated[float | None, typer.Option(
+    "--top-p", callback=_check_top_p, help="Keep the most likely tokens up to this probability mass.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")]
+MinPOpt = Annotated[float | None, typer.Option(
+    "--min-p", callback=_check_min_p, help="Drop tokens less likely than min_p × the top token.")]
+NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
+
+
+def check_options(sampler: str, config: Path | None, **overrides) -> str | None:
+    """Reject option combinations that cannot work before the model loads, so a
+    mistake costs a second, not a model load. Returns --config for make_sampler,
+    which layers it over the model card."""
+    given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
+    if sampler == "greedy" and given:
+        raise ConfigError(f"{', '.join(given)} has no effect with --sampler greedy; "
+                          "drop it or choose another sampler")
+    if config is None:
+        return None
+    if sampler != "entropix":
+        raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
+    from entropix_mlx.config import read_toml
+
+    read_toml(config)   # ConfigError on an unreadable or malformed file
+    return str(config)
+
+
+def build_sampler(name, tokenizer, model_name, config=None, **overrides):
+    if name == "greedy":
+        overrides = {}
+    return make_sampler(name, tokenizer=tokenizer, model_name=model_name,
+                        config=config if name == "entropix" else None, **overrides)
+
+
+def header(source, sampler, seed: int) -> str:
+    parts = [source.name, f"sampler {sampler.name}"]
+    config_source = getattr(sampler, "config_source", None)   # entropix: card, preset or file
+    if config_source:
+        parts.append(config_source)
+    parts.append(f"seed {seed}")
+    return " · ".join(parts)
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        prompt = sys.stdin.read().rstrip("\r\n")
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty; pass some text, or '-' to read it from standard input")
+    return prompt
+
+
+def prompt_tokens(tokenizer, prompt: str, system: str | None, raw: bool) -> list[int]:
+    if raw:
+        return list(tokenizer.encode(prompt))
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    except ValueError:  # transformers: no chat template
+        raise ConfigError("this model has no chat template; use --raw to send the prompt as is") from None
+
+
+def _to_json(value):
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def silence_stdout():
+    """After the reader of our stdout went away (`| head -1`): point stdout at
+    /dev/null so the interpreter's final flush cannot raise (Python docs, 'Note
+    on SIGPIPE')."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from standard input.")],
+        model: ModelOpt = None,
+        sampler: SamplerOpt = "entropix",
+        max_tokens: MaxTokensOpt = 256,
+        seed: SeedOpt = DEFAULT_SEED,
+        system: SystemOpt = None,
+        config: ConfigOpt = None,
+        temperature: TemperatureOpt = None,
+        top_p: TopPOpt = None,
+        top_k: TopKOpt = None,
+        min_p: MinPOpt = None,
+        raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+        json_lines: Annotated[bool, typer.Option(
+            "--json", help="JSON Lines on stdout: one object per token, then {\"summary\": ...}.")] = False,
+        no_color: NoColorOpt = False):
+    """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
+    overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    config = check_options(sampler, config, **overrides)
+    if raw and system is not None:
+        raise ConfigError("--system needs the chat template; drop --raw or --system")
+    text = read_prompt(prompt)
+    llm, tokenizer, source = load_model(model)
+    chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
+    ids = prompt_tokens(tokenizer, text, system, raw)
+    context = llm.args.max_position_embeddings
+    if len(ids) >= context:
+        raise ContextOverflowError(f"the prompt has {len(ids)} tokens but the model's context holds {context}; "
+                                   "shorten it")
+    # Stop at the end of the context rather than overflow it mid-answer.
+    generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, context - len(ids)), seed=seed)
+
+    out = render.make_console(no_color=no_color)
+    color = not no_color and out.is_terminal and not out.no_color
+    if not color:
+        out = render.make_console(no_color=True)
+    err = render.make_console(stderr=True, no_color=not color)
+    if not json_lines:
+        err.print(header(source, chooser, seed), style=render.META_STYLE)
+        if color:
+            err.print(render.legend(render.sampler_strategies(chooser)))
+
+    code = 0
+    try:
+        try:
+            for event in generation:
+                if json_lines:
+                    sys.stdout.write(json.dumps(event.to_dict(), default=_to_json) + "\n")
+                else:
+                    out.print(render.token_text(event.text, event.strategy), end="")
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            generation.finish_reason = "interrupted"
+            code = 130
+        except ContextOverflowError:   # a branch rollout looked past the end of the context
+            generation.finish_reason = "context"
+        summary = generation.summary()
+        if json_lines:
+            sys.stdout.write(json.dumps({"summary": summary.to_dict()}, default=_to_json) + "\n")
+        else:
+            out.print()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+        raise typer.Exit(0)
+    if not json_lines:
+        err.print(render.summary_line(summary))
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer):

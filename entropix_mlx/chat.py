@@ -123,6 +123,15 @@ class Conversation:
         self._open = None
         return turn
 
+    def recover(self):
+        """After an interrupt anywhere (also inside `ask`, e.g. halfway through
+        trimming the layers): close the open turn, or re-align every layer and
+        the cached ids on the shortest layer, minus one position for safety."""
+        if self._open is not None:
+            self.finish(self._open, interrupted=True)
+        else:
+            self._truncate(min(c.offset for c in self.cache) - 1)
+
     def reply(self, user: str, sampler, max_tokens: int = 256, seed: int = 0) -> Turn:
         """Ask and run to the end."""
         turn = self.ask(user, sampler, max_tokens, seed)

@@ -174,3 +174,14 @@ def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):
     (turn,) = data["turns"]
     assert turn["user"] == "hi" and turn["assistant"] == "ab"
     assert [(t["text"], t["strategy"]) for t in turn["tokens"]] == [("a", "scripted"), ("b", "scripted")]
+
+
+def test_recover_realigns_the_layers_after_an_interrupt_outside_a_turn(tiny_model, tiny_tokenizer):
+    conversation = Conversation(tiny_model, tiny_tokenizer)
+    first = conversation.reply("abc", GreedySampler(), max_tokens=3)
+    conversation.cache[0].trim(5)    # as if Ctrl-C stopped `ask` after trimming layer 0 only
+    conversation.recover()
+    assert {c.offset for c in conversation.cache} == {len(conversation.cached_tokens)}
+    assert len(conversation.cached_tokens) == len(first.prompt_tokens) + 2 - 5 - 1
+    turn = conversation.reply("d", GreedySampler(), max_tokens=4)
+    assert turn.generation.tokens == fresh_answer(tiny_model, tiny_tokenizer, turn.prompt_tokens, 4)

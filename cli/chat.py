@@ -1,0 +1,244 @@
+"""`entropix-mlx chat`: a multi-turn conversation in the terminal, or scripted
+through a pipe (one user message per line).
+
+The KV cache stays between turns (entropix_mlx.chat.Conversation): a turn runs
+only the tokens the cache does not hold yet. Everything goes to stdout, which is
+the session's transcript; only start-up errors go to stderr.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from entropix_mlx.chat import Conversation
+from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
+from entropix_mlx.samplers import SAMPLER_NAMES
+
+from . import render
+from .run import (DEFAULT_SEED, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
+                  SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
+                  load_model)
+
+COMMANDS = {
+    "/help": "show the commands",
+    "/reset": "start a new conversation (keeps the system prompt and sampler)",
+    "/stats": "tokens prefilled in the last turn, cache length, strategy counts so far",
+    "/sampler NAME": "switch sampler (entropix, greedy, temperature, min_p)",
+    "/seed N": "seed of the next answer (each later answer uses the next number)",
+    "/system TEXT": "set the system prompt; '/system' alone removes it",
+    "/save FILE": "write the transcript, with each token's strategy, as JSON",
+    "/quit": "leave (Ctrl-D too)",
+}
+
+
+class ChatSession:
+    def __init__(self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system,
+                 no_color):
+        self.source, self.tokenizer = source, tokenizer
+        self.sampler_options = sampler_options            # config path and CLI overrides, for /sampler
+        self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
+        self.max_tokens = max_tokens
+        self.base_seed = self.next_seed = seed
+        self.conversation = Conversation(llm, tokenizer, system=system or None)
+        self.interactive = sys.stdin.isatty()
+        self.out = render.make_console(no_color=no_color)
+        self.color = not no_color and self.out.is_terminal and not self.out.no_color
+        if not self.color:
+            self.out = render.make_console(no_color=True)
+
+    # -- output ---------------------------------------------------------------
+
+    def meta(self, text):
+        self.out.print(text, style=render.META_STYLE)
+
+    def show_sampler(self):
+        self.meta(header(self.source, self.sampler, self.next_seed))
+        if self.color:
+            self.out.print(render.legend(render.sampler_strategies(self.sampler)))
+
+    # -- the loop -------------------------------------------------------------
+
+    def read_line(self) -> str | None:
+        """The next user line, or None to quit (Ctrl-D, end of the pipe, Ctrl-C twice)."""
+        prompt = ("\001\033[1m\002>>> \001\033[0m\002" if self.color else ">>> ") if self.interactive else ""
+        warned = False
+        while True:
+            try:
+                line = input(prompt)
+            except EOFError:
+                if self.interactive:
+                    self.out.print()
+                return None
+            except KeyboardInterrupt:
+                if warned or not self.interactive:
+                    self.out.print()
+                    return None
+                warned = True
+                self.out.print()
+                self.meta("(Ctrl-C again to quit; /quit or Ctrl-D also leave)")
+                continue
+            if not self.interactive:
+                self.out.print(f">>> {line}")   # so a scripted transcript shows what was asked
+            return line
+
+    def loop(self):
+        if self.interactive:
+            try:
+                import readline  # noqa: F401  (line editing and history for input())
+            except ImportError:
+                pass
+        self.show_sampler()
+        if self.interactive:
+            self.meta("Type a message; /help lists the commands, /quit or Ctrl-D leaves.")
+        while (line := self.read_line()) is not None:
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if self.command(line) == "quit":
+                    break
+                continue
+            try:
+                self.answer(line)
+            except KeyboardInterrupt:   # a second Ctrl-C while the first was being handled
+                self.conversation.recover()
+                self.out.print()
+                self.meta("interrupted")
+
+    def answer(self, text: str):
+        turn, problem, interrupted = None, None, False
+        try:
+            turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
+            self.next_seed += 1
+            for event in turn:
+                self.out.print(render.token_text(event.text, event.strategy), end="")
+                self.out.file.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+        except ContextOverflowError as e:
+            if turn is None:     # refused before anything ran
+                self.meta(f"context full: {e}")
+                return
+            problem = (f"context full: the conversation reached {self.conversation.context_size} tokens; "
+                       "/reset to start a new conversation")
+        if turn is None:         # Ctrl-C before the turn began
+            self.conversation.recover()
+            self.out.print()
+            self.meta("interrupted")
+            return
+        self.conversation.finish(turn, interrupted=interrupted)
+        self.out.print()
+        self.out.print(render.summary_line(turn.generation.summary(), prefilled=turn.prefilled))
+        if problem:
+            self.meta(problem)
+
+    # -- commands -------------------------------------------------------------
+
+    def command(self, line: str):
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name in ("/quit", "/exit"):
+            return "quit"
+        handler = {"/help": self.help, "/reset": self.reset, "/stats": self.stats, "/sampler": self.set_sampler,
+                   "/seed": self.set_seed, "/system": self.set_system, "/save": self.save}.get(name)
+        if handler is None:
+            self.meta(f"unknown command '{name}'; /help lists the commands")
+            return None
+        try:
+            handler(arg)
+        except EntropixError as e:
+            self.meta(f"error: {e}")
+        return None
+
+    def help(self, _arg):
+        width = max(map(len, COMMANDS))
+        for usage, what in COMMANDS.items():
+            self.out.print(f"  {usage.ljust(width)}  {what}")
+        self.meta("Ctrl-C stops an answer (the conversation stays); at the prompt it asks before quitting.")
+
+    def reset(self, _arg):
+        self.conversation.reset()
+        self.next_seed = self.base_seed
+        self.meta("new conversation")
+
+    def stats(self, _arg):
+        conv = self.conversation
+        last = conv.turns[-1] if conv.turns else None
+        if last is None:
+            self.meta("no turns yet")
+        else:
+            self.meta(f"last turn: prefilled {last.prefilled} of {len(last.prompt_tokens)} prompt tokens")
+        self.meta(f"cache: {len(conv.cached_tokens)} of {conv.context_size} tokens · turns: {len(conv.turns)}")
+        counts = render.strategy_counts(conv.strategy_counts)
+        line = render.Text()
+        line.append("strategies so far: ", style=render.META_STYLE)
+        line.append_text(counts) if conv.strategy_counts else line.append("none", style=render.META_STYLE)
+        self.out.print(line)
+
+    def set_sampler(self, arg):
+        if not arg:
+            self.meta(f"sampler: {self.sampler.name}; give a name to switch")
+            return
+        if arg not in SAMPLER_NAMES:
+            raise ConfigError(f"unknown sampler '{arg}'; choose one of: {', '.join(SAMPLER_NAMES)}")
+        self.sampler = build_sampler(arg, self.tokenizer, self.source.name, **self.sampler_options)
+        self.show_sampler()
+
+    def set_seed(self, arg):
+        try:
+            seed = int(arg)
+            if not 0 <= seed < 2**63:
+                raise ValueError
+        except ValueError:
+            self.meta("error: /seed needs a whole number from 0 to 2**63-1, e.g. /seed 42")
+            return
+        self.base_seed = self.next_seed = seed
+        self.meta(f"seed: {seed}")
+
+    def set_system(self, arg):
+        self.conversation.system = arg or None
+        self.meta(f"system prompt: {arg}" if arg else "system prompt removed")
+
+    def save(self, arg):
+        if not arg:
+            self.meta("error: /save needs a file name, e.g. /save chat.json")
+            return
+        data = {"model": self.source.name, "sampler": self.sampler.name, "seed": self.base_seed,
+                **self.conversation.transcript()}
+        path = Path(arg).expanduser()
+        try:
+            path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        except OSError as e:
+            self.meta(f"error: cannot write {path}: {e.strerror or e}")
+            return
+        self.meta(f"saved {len(self.conversation.turns)} turns to {path}")
+
+
+def chat(model: ModelOpt = None,
+         sampler: SamplerOpt = "entropix",
+         max_tokens: MaxTokensOpt = 256,
+         seed: SeedOpt = DEFAULT_SEED,
+         system: SystemOpt = None,
+         config: ConfigOpt = None,
+         temperature: TemperatureOpt = None,
+         top_p: TopPOpt = None,
+         top_k: TopKOpt = None,
+         min_p: MinPOpt = None,
+         no_color: NoColorOpt = False):
+    """Talk with the model, turn after turn; /help lists the commands."""
+    overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    config = check_options(sampler, config, **overrides)
+    llm, tokenizer, source = load_model(model)
+    options = {"config": config, **overrides}
+    session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
+    try:
+        session.loop()
+    except BrokenPipeError:
+        from .run import silence_stdout
+        silence_stdout()
+
+
+def register(app: typer.Typer):
+    app.command()(chat)

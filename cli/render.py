@@ -1,0 +1,103 @@
+"""How tokens look in the terminal: strategy → colour, the legend, the summary line.
+
+Every strategy has its own colour, argmax included, so that a reader (or a test
+reading the escape codes) can tell each token's origin. Plain output (not a
+terminal, `--no-color`, or NO_COLOR set) is the same text without styles.
+"""
+
+import sys
+
+from rich.console import Console
+from rich.text import Text
+
+# The stable strategy names of the samplers (entropix: the first five; baselines: argmax, sample).
+STRATEGY_COLORS = {
+    "argmax": "green",
+    "think": "magenta",
+    "branch": "yellow",
+    "resample": "red",
+    "adaptive": "bright_blue",
+    "sample": "cyan",
+}
+# For strategies a future sampler may add: still one distinct colour each.
+SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]
+
+# Which strategies each sampler can produce, for the legend.
+SAMPLER_STRATEGIES = {
+    "entropix": ["argmax", "think", "branch", "resample", "adaptive"],
+    "greedy": ["argmax"],
+    "temperature": ["sample", "argmax"],   # temperature 0 is greedy
+    "min_p": ["sample", "argmax"],
+}
+
+META_STYLE = "dim"
+
+
+def strategy_color(strategy: str) -> str:
+    if strategy not in STRATEGY_COLORS:
+        STRATEGY_COLORS[strategy] = SPARE_COLORS[(len(STRATEGY_COLORS) - 6) % len(SPARE_COLORS)]
+    return STRATEGY_COLORS[strategy]
+
+
+def make_console(stderr: bool = False, no_color: bool = False) -> Console:
+    """A console that writes text as is: no markup, emoji codes, highlighting or
+    wrapping (a token must never be split or rewritten). Built per command, so
+    that it sees the streams in use at that time (tests swap them)."""
+    return Console(file=sys.stderr if stderr else sys.stdout, markup=False, emoji=False,
+                   highlight=False, soft_wrap=True,
+                   **({"color_system": None} if no_color else {}))
+
+
+def token_text(text: str, strategy: str) -> Text:
+    return Text(text, style=strategy_color(strategy))
+
+
+def sampler_strategies(sampler) -> list[str]:
+    """The strategies this sampler can choose: entropix's config may switch some off
+    (adaptive, the fallback, always stays)."""
+    enabled = getattr(getattr(sampler, "config", None), "strategies", None)
+    if enabled:
+        return [s for s in SAMPLER_STRATEGIES["entropix"] if s in enabled or s == "adaptive"]
+    return list(SAMPLER_STRATEGIES.get(sampler.name, []))
+
+
+def legend(strategies) -> Text:
+    """One line: '■ argmax  ■ think ...', each entry in its strategy's colour."""
+    line = Text()
+    line.append("strategies: ", style=META_STYLE)   # append: a Text's own style would tint every entry
+    for i, name in enumerate(strategies):
+        if i:
+            line.append("  ")
+        line.append(f"■ {name}", style=strategy_color(name))
+    return line
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def strategy_counts(counts: dict) -> Text:
+    line = Text()
+    for i, (name, n) in enumerate(sorted(counts.items(), key=lambda kv: -kv[1])):
+        if i:
+            line.append(", ", style=META_STYLE)
+        line.append(f"{name} {n}", style=strategy_color(name))
+    return line
+
+
+def summary_line(summary, prefilled: int | None = None) -> Text:
+    """'42 tokens · prompt 310.2 tok/s · generation 6.9 tok/s · peak 0.31 GB · argmax 30, ... · stopped: eos'."""
+    parts = [plural(summary.tokens, "token")]
+    if prefilled is not None:
+        parts.append(f"prefilled {prefilled}")
+    parts += [f"prompt {summary.prompt_tps:.1f} tok/s", f"generation {summary.generation_tps:.1f} tok/s",
+              f"peak {summary.peak_memory_gb:.2f} GB"]
+    line = Text()
+    line.append(" · ".join(parts), style=META_STYLE)
+    if summary.strategy_counts:
+        line.append(" · ", style=META_STYLE)
+        line.append_text(strategy_counts(summary.strategy_counts))
+    if summary.thinking_insertions:
+        line.append(f" · {plural(summary.thinking_insertions, 'thinking insertion')}", style=META_STYLE)
+    line.append(f" · stopped: {summary.finish_reason}", style=META_STYLE)
+    return line

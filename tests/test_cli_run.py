@@ -1,0 +1,295 @@
+"""`entropix-mlx run`, `chat` (through a pipe) and `models`, driven in-process
+through `cli.app.main` (the same entry point as the installed script, so error
+handling is the real one). The CLI keeps loaded models in-process, so the real
+model loads once for this whole file."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import chat as chat_cmd
+from cli import models_cmd, run as run_cmd
+from cli.app import main
+from conftest import make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.loading import ModelSource
+from entropix_mlx.samplers import Choice, GreedySampler
+
+ESC = "\x1b["
+STRATEGIES = {"argmax", "think", "branch", "resample", "adaptive", "sample"}
+PROMPT = "What is the capital of France?"
+
+
+def invoke(*args, input=None):
+    """(exit code, stdout, stderr) of `entropix-mlx ARGS` run in this process."""
+    with CliRunner().isolation(input=input) as (out, err, _):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in stderr
+    return lines[0]
+
+
+def cli_command():
+    return [sys.executable, "-c", "from cli.app import main; main()"]
+
+
+# -- errors a user can provoke: one line, exit 2 ------------------------------
+
+BAD_FLAGS = [
+    (["run", "--max-tokens", "0", "hi"], "--max-tokens"),
+    (["run", "--max-tokens", "many", "hi"], "--max-tokens"),
+    (["run", "--sampler", "nucleus", "hi"], "nucleus"),
+    (["run", "--top-p", "0", "hi"], "--top-p"),
+    (["run", "--top-p", "1.5", "hi"], "--top-p"),
+    (["run", "--min-p", "1", "hi"], "--min-p"),
+    (["run", "--temperature", "-0.1", "hi"], "--temperature"),
+    (["run", "--top-k", "-3", "hi"], "--top-k"),
+    (["run", "--seed", "-1", "hi"], "--seed"),
+    (["run", "--bogus", "hi"], "--bogus"),
+    (["run"], "prompt"),
+    (["run", "--sampler", "greedy", "--temperature", "0.7", "hi"], "--temperature"),
+    (["run", "--raw", "--system", "be brief", "hi"], "--system"),
+    (["run", "-m", "no-such-model", "hi"], "no-such-model"),
+    (["run", "--config", "/no/such/file.toml", "hi"], "--config"),
+    (["chat", "--sampler", "beam"], "beam"),
+    (["chat", "--max-tokens", "-5"], "--max-tokens"),
+    (["frobnicate"], "frobnicate"),
+]
+
+
+@pytest.mark.parametrize("args,named", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flags_print_one_line_and_exit_2(args, named):
+    code, out, err = invoke(*args)
+    assert code == 2
+    assert named in one_error_line(err)
+    assert out == ""
+
+
+def test_unreadable_configs_print_one_line_and_exit_2(tmp_path):
+    malformed = tmp_path / "bad.toml"
+    malformed.write_text("temperature = [unclosed\n")
+    code, out, err = invoke("run", "--config", malformed, "hi")
+    assert code == 2 and "bad.toml" in one_error_line(err) and out == ""
+    code, out, err = invoke("run", "--config", tmp_path, "hi")   # a directory
+    assert code == 2 and "--config" in one_error_line(err)
+    code, out, err = invoke("run", "--sampler", "min_p", "--config", malformed, "hi")
+    assert code == 2 and "entropix" in one_error_line(err)
+
+
+def test_empty_prompt_from_stdin_is_refused():
+    code, out, err = invoke("run", "-", input="\n")
+    assert code == 2 and "empty" in one_error_line(err)
+
+
+def test_system_prompt_goes_first_in_the_template():
+    tokenizer = make_tiny_tokenizer()
+    ids = run_cmd.prompt_tokens(tokenizer, "hi", "Be brief.", raw=False)
+    assert tokenizer.decode(ids) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                     "<|im_start|>assistant\n")
+    assert tokenizer.decode(run_cmd.prompt_tokens(tokenizer, "hi", None, raw=True)) == "hi"
+
+
+# -- models --------------------------------------------------------------------
+
+def test_models_lists_the_bundled_model_and_cards(tmp_path, monkeypatch):
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "mine.toml").write_text(f'source = "{gguf}"\n[sampler]\nlow_entropy = 0.2\n')
+    (tmp_path / "nowhere.toml").write_text("[sampler]\nlow_entropy = 0.2\n")
+    monkeypatch.setattr(models_cmd, "cards_dir", lambda: tmp_path)
+    code, out, err = invoke("models")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "kind", "loads", "from", "card"]
+    bundled = next(line for line in lines if line.startswith("smollm2-135m"))
+    path = bundled.split()[3]
+    assert "bundled" in bundled and path.endswith(".gguf") and Path(path).is_file()
+    mine = next(line for line in lines if line.startswith("mine "))
+    assert str(gguf) in mine and str(tmp_path / "mine.toml") in mine
+    assert "card only" in next(line for line in lines if line.startswith("nowhere "))
+
+
+# -- chat on a tiny model: context overflow and Ctrl-C, without the real model ----
+
+@pytest.fixture
+def tiny_ref(tmp_path, monkeypatch):
+    """A model reference that the CLI resolves to a tiny random model (64-token context)."""
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"")
+    model = make_tiny_model(max_position_embeddings=64)
+    monkeypatch.setitem(run_cmd._MODELS, str(path), (model, make_tiny_tokenizer(),
+                                                     ModelSource(str(path), path, "gguf", "tiny")))
+    return str(path)
+
+
+def test_chat_says_when_the_context_is_full_and_reset_recovers(tiny_ref):
+    script = "hello\n" + "x" * 70 + "\n/reset\nhi\n/stats\n"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "4", input=script)
+    assert code == 0, err
+    assert "context full" in out and "/reset" in out
+    assert "new conversation" in out
+    # after /reset the conversation is fresh: the whole prompt was prefilled
+    prefilled, total = map(int, re.findall(r"prefilled (\d+) of (\d+)", out)[-1])
+    assert prefilled == total
+    assert "turns: 1" in out
+
+
+class InterruptingSampler:
+    """Greedy, but the user presses Ctrl-C at the third step of the first answer."""
+
+    name = "greedy"
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self):
+        pass
+
+    def choose(self, step, key):
+        self.steps += 1
+        if self.steps == 3:
+            raise KeyboardInterrupt
+        return GreedySampler().choose(step, key)
+
+
+def test_ctrl_c_during_an_answer_returns_to_the_prompt(tiny_ref, monkeypatch):
+    sampler = InterruptingSampler()
+    monkeypatch.setattr(chat_cmd, "build_sampler", lambda *a, **k: sampler)
+    code, out, err = invoke("chat", "-m", tiny_ref, "--max-tokens", "5", input="one\ntwo\n/stats\n")
+    assert code == 0, err
+    assert out.count("stopped: interrupted") == 1
+    assert "2 tokens" in out                   # the interrupted answer kept what it had printed
+    assert "stopped: length" in out            # the second turn ran normally
+    assert "turns: 2" in out
+
+
+# -- the real bundled model ----------------------------------------------------
+
+def json_run(*args, input=None):
+    code, out, err = invoke("run", "--json", *args, input=input)
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert "summary" in records[-1]
+    return records[:-1], records[-1]["summary"]
+
+
+@pytest.mark.slow
+def test_run_json_lines_then_plain_text_from_stdin_agree():
+    tokens, summary = json_run("--sampler", "greedy", "--max-tokens", "10", PROMPT)
+    for record in tokens:
+        assert {"token", "text", "strategy", "entropy", "varentropy", "attn_entropy", "attn_varentropy",
+                "agreement", "interaction_strength", "temperature", "logprob"} <= record.keys()
+        assert record["strategy"] == "argmax" and record["logprob"] <= 0
+    text = "".join(r["text"] for r in tokens)
+    assert "Paris" in text
+    assert {"tokens", "strategy_counts", "prompt_tps", "generation_tps", "peak_memory_gb"} <= summary.keys()
+    assert summary["tokens"] == len(tokens) and summary["strategy_counts"] == {"argmax": len(tokens)}
+    assert summary["finish_reason"] == "eos"   # the answer is shorter than 10 tokens
+
+    # The same prompt from stdin, as plain text: the same answer, no escape codes.
+    code, out, err = invoke("run", "-", "--sampler", "greedy", "--max-tokens", "10", "--no-color", input=PROMPT + "\n")
+    assert code == 0, err
+    assert out == text + "\n"
+    assert ESC not in out + err
+    assert f"{len(tokens)} tokens" in err and f"argmax {len(tokens)}" in err and "stopped: eos" in err
+
+
+@pytest.mark.slow
+def test_run_passes_sampling_flags_and_raw_prompts():
+    tokens, summary = json_run("--sampler", "temperature", "--temperature", "0.5", "--top-k", "5",
+                               "--top-p", "0.8", "--min-p", "0.05", "--seed", "7", "--max-tokens", "2", PROMPT)
+    for record in tokens:
+        assert record["strategy"] == "sample"
+        assert (record["temperature"], record["top_k"], record["top_p"], record["min_p"]) == (0.5, 5, 0.8, 0.05)
+    templated = summary["prompt_tokens"]
+    _, raw = json_run("--raw", "--sampler", "greedy", "--max-tokens", "1", PROMPT)
+    assert raw["prompt_tokens"] < 10 < templated      # no system prompt, no role markers
+
+
+@pytest.mark.slow
+def test_run_default_sampler_is_entropix():
+    tokens, summary = json_run("--max-tokens", "4", PROMPT)
+    assert tokens and {r["strategy"] for r in tokens} <= {"argmax", "think", "branch", "resample", "adaptive"}
+    assert sum(summary["strategy_counts"].values()) == summary["tokens"] == len(tokens)
+
+
+@pytest.mark.slow
+def test_chat_through_a_pipe_remembers_and_reuses_the_cache(tmp_path):
+    transcript = tmp_path / "chat.json"
+    script = "\n".join([
+        "My name is Alice. Please remember it.",
+        "What is my name?",
+        "/stats",
+        f"/save {transcript}",
+        "/reset",
+        "What is my name?",
+        "/stats",
+        "/quit",
+        "this line comes after /quit",
+    ]) + "\n"
+    code, out, err = invoke("chat", "--sampler", "greedy", "--max-tokens", "10", input=script)
+    assert code == 0, err
+    assert ESC not in out
+    # Each user line is echoed as ">>> line", then the answer, then its summary line.
+    answers = re.findall(r"^>>> ([^/].*)\n(.*)\n\d+ tokens? · prefilled", out, re.M)
+    assert [q for q, _ in answers] == ["My name is Alice. Please remember it.", "What is my name?",
+                                       "What is my name?"]
+    assert "Alice" in answers[1][1]        # the second turn depends on the first
+    assert "Alice" not in answers[2][1]    # the same question after /reset does not know the name
+    stats = [tuple(map(int, m)) for m in re.findall(r"prefilled (\d+) of (\d+) prompt tokens", out)]
+    (prefilled, history), (fresh_prefilled, fresh_total) = stats
+    assert prefilled < history - 40        # only the end of the first answer and the new message
+    assert fresh_prefilled == fresh_total  # after /reset, nothing is cached
+    assert "turns: 2" in out and "turns: 1" in out
+    assert "this line comes after /quit" not in out
+
+    saved = json.loads(transcript.read_text())
+    assert [t["user"] for t in saved["turns"]] == ["My name is Alice. Please remember it.", "What is my name?"]
+    assert saved["turns"][1]["assistant"] == answers[1][1]
+    assert saved["turns"][1]["prefilled_tokens"] == prefilled
+    assert all(t["strategy"] == "argmax" for turn in saved["turns"] for t in turn["tokens"])
+
+
+# -- signals and pipes, in a real process -------------------------------------
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
+    proc = subprocess.Popen(cli_command() + ["run", "--json", "--sampler", "greedy", "--max-tokens", "200",
+                                             "Write a long story about a dragon."],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = json.loads(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    records = [first] + [json.loads(line) for line in rest.splitlines()]
+    summary = records[-1]["summary"]
+    assert proc.returncode == 130, err
+    assert summary["finish_reason"] == "interrupted"
+    assert summary["tokens"] == len(records) - 1 < 200
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_closed_pipe_exits_quietly():
+    proc = subprocess.Popen(cli_command() + ["run", "--json", "--sampler", "greedy", "--max-tokens", "20", PROMPT],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    json.loads(proc.stdout.readline())
+    proc.stdout.close()          # what `| head -1` does after its first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0
+    assert err == ""
