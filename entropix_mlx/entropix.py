@@ -44,7 +44,7 @@ import math
 import mlx.core as mx
 
 from .config import SamplerConfig
-from .metrics import LOG2E, METRIC_NAMES, step_metrics
+from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .samplers import Choice, Step
 
 NATS_TO_BITS = LOG2E
@@ -123,6 +123,7 @@ class EntropixSampler:
         self.config = config or SamplerConfig()
         self.config_source = source   # where the thresholds came from, for the CLI to print
         self.thinking_tokens: list[int] = []
+        self._compiled = None
         if tokenizer is not None:
             self.thinking_tokens = list(tokenizer.encode(self.config.thinking_text, add_special_tokens=False))
         self.reset()
@@ -140,13 +141,37 @@ class EntropixSampler:
         return min(vocab, max(c.adaptive_top_k_max, math.ceil(1.5 * c.top_k), 5, c.branch_candidates))
 
     def plan(self, step: Step, key: mx.array) -> dict:
-        """Metrics, every strategy's parameters and candidates, as lazy arrays."""
+        """Metrics, every strategy's parameters and candidates, as lazy arrays.
+
+        The attention metrics change shape every step (one more key), so they
+        are built op by op; everything that depends only on the logits and four
+        scalars goes through one compiled function (fixed shapes), which fuses
+        its many small element-wise ops."""
+        attention = mx.zeros(4)
+        if step.scores:
+            layers = select_layers(len(step.scores), self.config.attention_layers)
+            per_layer = attention_metrics([step.scores[i] for i in layers])
+            attention = mx.stack([per_layer[n].mean() for n in ATTENTION_METRICS])
+        if self._compiled is None:
+            self._compiled = mx.compile(self._logits_plan)
+        metrics, params, idx, tokens, logprobs, kept = self._compiled(step.logits, attention, key)
         c = self.config
-        logits = step.logits.astype(mx.float32)
+        sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
+                 "resample": 1, "adaptive": c.adaptive_samples}
+        out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {}}
+        start = 0
+        for s, n in sizes.items():
+            out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
+                tokens[start:start + n], logprobs[start:start + n], kept[start:start + n])
+            start += n
+        return out
+
+    def _logits_plan(self, logits: mx.array, attention: mx.array, key: mx.array):
+        c = self.config
+        logits = logits.astype(mx.float32)
         logprobs = logits - mx.logsumexp(logits)
-        m = step_metrics(logits, step.scores, c.attention_layers)
-        H, V = m["entropy"], m["varentropy"]
-        ae, av, ag, ist = m["attn_entropy"], m["attn_varentropy"], m["agreement"], m["interaction_strength"]
+        H, V = logits_entropy(logits)
+        ae, av, ag, ist = attention[0], attention[1], attention[2], attention[3]
         T0, p0, k0, mp0 = c.temperature, c.top_p, c.top_k, c.min_p
 
         pool = self._candidate_pool(logprobs.shape[-1])
@@ -168,29 +193,21 @@ class EntropixSampler:
                          _clip(mp0 * (1 - 0.5 * (H + V)), 0.01, 0.5)),
         }
         k_think, k_branch, k_resample, k_adaptive = mx.random.split(key, 4)
-
-        def draw(weights, k):   # index into the pool
-            return mx.random.categorical(weights, key=k)
-
         w = {s: filter_sorted(vals, *p) for s, p in params.items()}
         # Sampling without replacement (Gumbel-top-n): distinct branch candidates.
         gumbel = w["branch"] + mx.random.gumbel(shape=w["branch"].shape, key=k_branch)
         branch_idx = mx.argsort(-gumbel)[: c.branch_candidates]
-        adaptive_idx = mx.stack([draw(w["adaptive"], k) for k in mx.random.split(k_adaptive, c.adaptive_samples)])
-        picks = {
-            "argmax": mx.array([0]),
-            "think": draw(w["think"], k_think)[None],
-            "branch": branch_idx,
-            "resample": draw(w["resample"], k_resample)[None],
-            "adaptive": adaptive_idx,
-        }
-        return {
-            "metrics": mx.stack([m[n] for n in METRIC_NAMES]),
-            "params": mx.stack([mx.stack([mx.array(x, mx.float32) for x in params[s]]) for s in params]),
-            "tokens": {s: ids[i] for s, i in picks.items()},
-            "logprobs": {s: vals[i] for s, i in picks.items()},        # nats, under the model (T = 1)
-            "kept": {s: w[s][i] > -mx.inf for s, i in picks.items() if s in w},
-        }
+        # One independent key per adaptive candidate.
+        adaptive_idx = mx.stack([mx.random.categorical(w["adaptive"], key=k)
+                                 for k in mx.random.split(k_adaptive, c.adaptive_samples)])
+        picks = [mx.array([0]), mx.random.categorical(w["think"], key=k_think)[None], branch_idx,
+                 mx.random.categorical(w["resample"], key=k_resample)[None], adaptive_idx]
+        owner = ["think", "think", "branch", "resample", "adaptive"]   # whose filter a pick passed (argmax: any)
+        idx = mx.concatenate([p.astype(mx.int32) for p in picks])
+        kept = mx.concatenate([w[o][p] > -mx.inf for o, p in zip(owner, picks)])
+        metrics = mx.stack([H, V, ae, av, ag, ist])
+        param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
+        return metrics, param_rows, idx, ids[idx], vals[idx], kept       # vals: nats, under the model (T = 1)
 
     # -- the decision -------------------------------------------------------------
 
