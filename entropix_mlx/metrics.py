@@ -85,12 +85,16 @@ def select_layers(n_layers: int, layers) -> list[int]:
     return sorted({i % n_layers for i in layers})
 
 
+# Fixed shapes (vocabulary): compiled once, its element-wise ops fused.
+_logits_entropy = mx.compile(logits_entropy)
+
+
 def step_metrics(logits: mx.array, scores, layers="all") -> dict[str, mx.array]:
     """The six metrics of one decoding step as lazy scalars: logits entropy and
     varentropy of `logits` (vocab,), and the attention metrics averaged over
     the chosen layers of `scores` (one `(heads, keys)` array per layer). A
     model that gives no scores gets 0 for the attention metrics."""
-    entropy, varentropy = logits_entropy(logits)
+    entropy, varentropy = _logits_entropy(logits)
     out = {"entropy": entropy, "varentropy": varentropy}
     if scores:
         index = select_layers(len(scores), layers)
