@@ -154,11 +154,12 @@ class EntropixSampler:
             attention = mx.stack([per_layer[n].mean() for n in ATTENTION_METRICS])
         if self._compiled is None:
             self._compiled = mx.compile(self._logits_plan)
-        metrics, params, idx, tokens, logprobs, kept = self._compiled(step.logits, attention, key)
+        metrics, params, idx, tokens, logprobs, kept, think_lp = self._compiled(step.logits, attention, key)
         c = self.config
         sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
                  "resample": 1, "adaptive": c.adaptive_samples}
-        out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {}}
+        out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {},
+               "thinking_logprob": think_lp}
         start = 0
         for s, n in sizes.items():
             out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
@@ -207,7 +208,9 @@ class EntropixSampler:
         kept = mx.concatenate([w[o][p] > -mx.inf for o, p in zip(owner, picks)])
         metrics = mx.stack([H, V, ae, av, ag, ist])
         param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
-        return metrics, param_rows, idx, ids[idx], vals[idx], kept       # vals: nats, under the model (T = 1)
+        # log p of the thinking text's first token, in case it is inserted
+        think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
+        return metrics, param_rows, idx, ids[idx], vals[idx], kept, think_lp   # vals: nats, under the model
 
     # -- the decision -------------------------------------------------------------
 
@@ -233,7 +236,7 @@ class EntropixSampler:
         elif strategy == "think":
             if (self.thinking_tokens and not self._just_inserted
                     and self.insertions < c.max_thinking_insertions):
-                out, lps, advanced = self._insert_thinking(step)
+                out, lps, advanced = self._insert_thinking(step, plan["thinking_logprob"].item())
                 params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}  # inserted, not sampled
                 inserted = True
                 self.insertions += 1
@@ -268,22 +271,20 @@ class EntropixSampler:
 
     # -- strategies that run the model ----------------------------------------------
 
-    def _insert_thinking(self, step: Step):
+    def _insert_thinking(self, step: Step, first_logprob: float):
         """The thinking tokens, their log-probabilities and, with a model, the
         state after them (the loop would run the same forward pass anyway)."""
         toks = self.thinking_tokens
-        first = (step.logits.astype(mx.float32) - mx.logsumexp(step.logits.astype(mx.float32)))[toks[0]]
         if step.model is None or step.cache is None:
             # No model here: only the first token's probability is known.
-            return list(toks), [first.item()] + [math.nan] * (len(toks) - 1), None
+            return list(toks), [first_logprob] + [math.nan] * (len(toks) - 1), None
         logits, scores = step.model(mx.array([toks]), step.cache)
         lp = logits[0].astype(mx.float32)
         lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-        rest = [lp[i, toks[i + 1]] for i in range(len(toks) - 1)]
+        rest = mx.stack([lp[i, toks[i + 1]] for i in range(len(toks) - 1)]) if len(toks) > 1 else mx.zeros(0)
         last_logits = logits[:, -1:, :]
-        values = mx.stack([first, *rest])
-        mx.eval(values, last_logits, scores)
-        return list(toks), values.tolist(), (step.cache, last_logits, scores)
+        mx.eval(rest, last_logits, scores)
+        return list(toks), [first_logprob] + rest.tolist(), (step.cache, last_logits, scores)
 
     def _branch(self, step: Step, cands: list[tuple[int, float]]):
         """Roll every candidate out greedily on one batched fork of the cache;

@@ -92,6 +92,19 @@ def test_parameters_follow_the_reference_formulas(tiny_tokenizer):
     assert p["min_p"] == pytest.approx(min(0.5, max(0.01, c.min_p * (1 - 0.5 * h_v))), rel=1e-5)
 
 
+@pytest.mark.parametrize("logits", [PEAKED, FLAT, TWO_PEAKS, LONG_TAIL, MODERATE])
+def test_one_evaluation_per_step(logits, monkeypatch, tiny_tokenizer):
+    """Metrics, parameters and candidates are evaluated together: one host sync."""
+    sampler = EntropixSampler(SamplerConfig(), tiny_tokenizer)
+    sampler.choose(step(logits), mx.random.key(0))          # compile outside the count
+    calls = []
+    real_eval = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (calls.append(1), real_eval(*a))[1])
+    sampler.reset()
+    sampler.choose(step(logits), mx.random.key(1))
+    assert len(calls) == 1
+
+
 # -- filtering ------------------------------------------------------------------------
 
 
