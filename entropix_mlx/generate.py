@@ -103,6 +103,8 @@ class Generation:
                     return
                 detokenizer.add_token(token)
                 self.tokens.append(token)
+                if len(self.tokens) == self.max_tokens:
+                    detokenizer.finalize()  # the last token: flush held-back bytes
                 event = TokenEvent(token, detokenizer.last_segment, choice.strategy, logprob,
                                    choice.metrics, choice.params)
                 self.events.append(event)
