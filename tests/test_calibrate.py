@@ -45,6 +45,7 @@ def test_card_round_trip_keeps_user_settings_and_is_atomic(tmp_path, monkeypatch
     samples = synthetic_samples()
     out, found, _ = cal.calibrate(None, None, "m", out=path, samples=samples)
     assert out == path and [p.name for p in tmp_path.iterdir()] == ["m.toml"]   # no temp file left
+    assert path.stat().st_mode & 0o644 == 0o644                          # readable like any file
     data = tomllib.loads(path.read_text())
     assert data["name"] == "m"
     assert data["sampler"]["thinking_text"] == " Hmm,"               # kept
