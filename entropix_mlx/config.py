@@ -252,7 +252,7 @@ def resolve_config(model_name: str | None = None, config=None, **overrides) -> t
             raise ConfigError(f"model '{model_name}' has no calibrated card; "
                               f"run `entropix-mlx calibrate --model {model_name or 'MODEL'}` first")
         cfg, source = card
-    elif isinstance(config, (str, Path)) and str(config).endswith(".toml"):
+    elif isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file():
         base = card[0] if card else SamplerConfig()
         cfg, source = load_toml(config, base), f"config file {config}"
     else:

@@ -93,6 +93,10 @@ def test_card_is_used_and_reported(tmp_path, monkeypatch):
     assert cfg == SamplerConfig() and "reference" in source
     cfg, source = resolve_config("m1", "reference", temperature=0.9)
     assert cfg.low_entropy == 0.1 and cfg.temperature == 0.9 and "temperature=0.9" in source
+    settings = tmp_path / "settings.cfg"                  # any file name: TOML over the card
+    settings.write_text("temperature = 0.5\n")
+    cfg, source = resolve_config("m1", str(settings))
+    assert (cfg.low_entropy, cfg.temperature) == (0.42, 0.5) and "settings.cfg" in source
     sampler = make_sampler("entropix", None, "m1", top_k=None, min_p=0.05)
     assert sampler.config.low_entropy == 0.42 and sampler.config.min_p == 0.05
     assert "m1.toml" in sampler.config_source
