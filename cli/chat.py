@@ -96,13 +96,13 @@ class ChatSession:
             line = line.strip()
             if not line:
                 continue
-            if line.startswith("/"):
-                if self.command(line) == "quit":
-                    break
-                continue
             try:
-                self.answer(line)
-            except KeyboardInterrupt:   # a second Ctrl-C while the first was being handled
+                if line.startswith("/"):
+                    if self.command(line) == "quit":
+                        break
+                else:
+                    self.answer(line)
+            except KeyboardInterrupt:   # during a command, or a second Ctrl-C while handling the first
                 self.conversation.recover()
                 self.out.print()
                 self.meta("interrupted")
@@ -113,8 +113,7 @@ class ChatSession:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
             for event in turn:
-                self.out.print(render.token_text(event.text, event.strategy), end="")
-                self.out.file.flush()
+                render.write_token(self.out, event.text, event.strategy, self.color)
         except KeyboardInterrupt:
             interrupted = True
         except ContextOverflowError as e:

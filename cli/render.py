@@ -52,6 +52,15 @@ def token_text(text: str, strategy: str) -> Text:
     return Text(text, style=strategy_color(strategy))
 
 
+def write_token(console: Console, text: str, strategy: str, color: bool):
+    """Stream one token: coloured, or exactly as generated (Rich would expand tabs)."""
+    if color:
+        console.print(token_text(text, strategy), end="")
+    else:
+        console.file.write(text)
+    console.file.flush()
+
+
 def sampler_strategies(sampler) -> list[str]:
     """The strategies this sampler can choose: entropix's config may switch some off
     (adaptive, the fallback, always stays)."""

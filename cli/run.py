@@ -40,20 +40,12 @@ def _check_sampler(name: str) -> str:
     return name
 
 
-# Options shared with `chat`.
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", show_default=DEFAULT_MODEL,
-    help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")]
-SamplerOpt = Annotated[str, typer.Option(
-    "--sampler", callback=_check_sampler, help=f"One of: {', '.join(SAMPLER_NAMES)}.")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens to generate per answer.")]
-SeedOpt = Annotated[int, typer.Option(
-    "--seed", min=0, max=2**63 - 1, help="Random seed; fixed by default, so runs are reproducible.")]
-SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt.")]
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", exists=True, dir_okay=False, help="Sampler settings, a TOML file.")]
-TemperatureOpt = Annotated[float | None, typer.Option(
-    "--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines).")]
+def _check_seed(value: int) -> int:
+    if not 0 <= value < 2**63:
+        raise typer.BadParameter(f"{value} is not a seed; use a whole number from 0 to 2**63-1")
+    return value
+
+
 def _check_top_p(value: float | None):
     if value is not None and not 0 < value <= 1:
         raise typer.BadParameter(f"{value} is not in (0, 1]; e.g. 0.9")
@@ -66,11 +58,27 @@ def _check_min_p(value: float | None):
     return value
 
 
+# Options shared with `chat`.
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", show_default=DEFAULT_MODEL,
+    help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")]
+SamplerOpt = Annotated[str, typer.Option(
+    "--sampler", callback=_check_sampler, help=f"One of: {', '.join(SAMPLER_NAMES)}.")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens to generate per answer.")]
+SeedOpt = Annotated[int, typer.Option(
+    "--seed", callback=_check_seed,
+    help="Random seed; fixed by default, so the same command gives the same answer.")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", exists=True, dir_okay=False, help="Entropix sampler settings, a TOML file (over the model card).")]
+TemperatureOpt = Annotated[float | None, typer.Option(
+    "--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines).")]
 TopPOpt = Annotated[float | None, typer.Option(
-    "--top-p", callback=_check_top_p, help="Keep the most likely tokens up to this probability mass.")]
+    "--top-p", callback=_check_top_p, help="In (0, 1]: keep the most likely tokens up to this probability mass.")]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")]
 MinPOpt = Annotated[float | None, typer.Option(
-    "--min-p", callback=_check_min_p, help="Drop tokens less likely than min_p × the top token.")]
+    "--min-p", callback=_check_min_p,
+    help="In [0, 1): drop tokens less likely than min_p × the top token's probability.")]
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
 
 
@@ -185,9 +193,9 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
             for event in generation:
                 if json_lines:
                     sys.stdout.write(json.dumps(event.to_dict(), default=_to_json) + "\n")
+                    sys.stdout.flush()
                 else:
-                    out.print(render.token_text(event.text, event.strategy), end="")
-                sys.stdout.flush()
+                    render.write_token(out, event.text, event.strategy, color)
         except KeyboardInterrupt:
             generation.finish_reason = "interrupted"
             code = 130

@@ -104,7 +104,7 @@ def sgr_of(color: str) -> str:
     return str(30 + ANSI.index(color))
 
 
-RUN_ARGS = ["run", "--max-tokens", "12", "--seed", "3", "Name three fruits and their colours."]
+RUN_ARGS = ["run", "--max-tokens", "8", "--seed", "0", "Why is the sky blue?"]
 
 
 @pytest.mark.slow
@@ -169,11 +169,18 @@ def test_chat_in_a_terminal_history_and_ctrl_c():
         term.expect(r">>> ", start=stopped.end())
         term.send("/stats\r")
         stats = term.expect(r"turns: 1", start=stopped.end())
+        term.expect(r">>> ", start=stats.end())
+        # readline prints the prompt just before it starts waiting for keys; a
+        # SIGINT landing in between is only noticed at the next key. People are
+        # never that fast; the test waits a moment like them.
+        time.sleep(0.5)
         term.send("\x03")                         # Ctrl-C at the prompt asks first...
         warned = term.expect(r"Ctrl-C again to quit", start=stats.end())
+        term.expect(r">>> ", start=warned.end())
+        time.sleep(0.5)
         term.send("\x03")                         # ...and quits the second time
         code = term.wait()
     finally:
         term.close()
     assert code == 0
-    assert "Traceback" not in term.output[warned.end():]
+    assert "Traceback" not in term.output

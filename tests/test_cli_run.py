@@ -224,7 +224,7 @@ def test_run_passes_sampling_flags_and_raw_prompts():
 
 @pytest.mark.slow
 def test_run_default_sampler_is_entropix():
-    tokens, summary = json_run("--max-tokens", "4", PROMPT)
+    tokens, summary = json_run("--max-tokens", "3", PROMPT)
     assert tokens and {r["strategy"] for r in tokens} <= {"argmax", "think", "branch", "resample", "adaptive"}
     assert sum(summary["strategy_counts"].values()) == summary["tokens"] == len(tokens)
 
@@ -243,7 +243,7 @@ def test_chat_through_a_pipe_remembers_and_reuses_the_cache(tmp_path):
         "/quit",
         "this line comes after /quit",
     ]) + "\n"
-    code, out, err = invoke("chat", "--sampler", "greedy", "--max-tokens", "10", input=script)
+    code, out, err = invoke("chat", "--sampler", "greedy", "--max-tokens", "9", input=script)
     assert code == 0, err
     assert ESC not in out
     # Each user line is echoed as ">>> line", then the answer, then its summary line.
@@ -270,8 +270,9 @@ def test_chat_through_a_pipe_remembers_and_reuses_the_cache(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
-    proc = subprocess.Popen(cli_command() + ["run", "--json", "--sampler", "greedy", "--max-tokens", "200",
-                                             "Write a long story about a dragon."],
+    # --raw: a 4-token prompt, since prefill costs about as much per token as decoding on this CPU
+    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "200",
+                                             "Once upon a time"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = json.loads(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
@@ -286,7 +287,8 @@ def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
 
 @pytest.mark.slow
 def test_closed_pipe_exits_quietly():
-    proc = subprocess.Popen(cli_command() + ["run", "--json", "--sampler", "greedy", "--max-tokens", "20", PROMPT],
+    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "20",
+                                             "Once upon a time"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     json.loads(proc.stdout.readline())
     proc.stdout.close()          # what `| head -1` does after its first line
