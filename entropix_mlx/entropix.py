@@ -45,7 +45,7 @@ import mlx.core as mx
 
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
-from .samplers import Choice, Step
+from .samplers import LOGIT_NOTES, Choice, Step, sanitize_logits
 
 NATS_TO_BITS = LOG2E
 
@@ -154,12 +154,12 @@ class EntropixSampler:
             attention = mx.stack([per_layer[n].mean() for n in ATTENTION_METRICS])
         if self._compiled is None:
             self._compiled = mx.compile(self._logits_plan)
-        metrics, params, idx, tokens, logprobs, kept, think_lp = self._compiled(step.logits, attention, key)
+        metrics, params, idx, tokens, logprobs, kept, think_lp, note = self._compiled(step.logits, attention, key)
         c = self.config
         sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
                  "resample": 1, "adaptive": c.adaptive_samples}
         out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {},
-               "thinking_logprob": think_lp}
+               "thinking_logprob": think_lp, "note": note}
         start = 0
         for s, n in sizes.items():
             out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
@@ -169,7 +169,7 @@ class EntropixSampler:
 
     def _logits_plan(self, logits: mx.array, attention: mx.array, key: mx.array):
         c = self.config
-        logits = logits.astype(mx.float32)
+        logits, note = sanitize_logits(logits)
         logprobs = logits - mx.logsumexp(logits)
         H, V = logits_entropy(logits)
         ae, av, ag, ist = attention[0], attention[1], attention[2], attention[3]
@@ -210,7 +210,7 @@ class EntropixSampler:
         param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
         # log p of the thinking text's first token, in case it is inserted
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
-        return metrics, param_rows, idx, ids[idx], vals[idx], kept, think_lp   # vals: nats, under the model
+        return metrics, param_rows, idx, ids[idx], vals[idx], kept, think_lp, note   # vals: nats, under the model
 
     # -- the decision -------------------------------------------------------------
 
@@ -257,7 +257,8 @@ class EntropixSampler:
                        key=lambda i: self.adaptive_score(tokens["adaptive"][i], logprobs["adaptive"][i], step.tokens))
             out, lps, params = [tokens["adaptive"][best]], [logprobs["adaptive"][best]], params_of("adaptive")
         self._just_inserted = inserted
-        return Choice(list(out), strategy, list(lps), metrics, params, advanced=advanced, inserted=inserted)
+        return Choice(list(out), strategy, list(lps), metrics, params, advanced=advanced, inserted=inserted,
+                      note=LOGIT_NOTES[plan["note"].item()])
 
     def adaptive_score(self, token: int, logprob: float, history: list[int]) -> float:
         """log2 p(token) minus repetition_penalty bits for every earlier
@@ -276,8 +277,9 @@ class EntropixSampler:
         state after them (the loop would run the same forward pass anyway)."""
         toks = self.thinking_tokens
         if step.model is None or step.cache is None:
-            # No model here: only the first token's probability is known.
-            return list(toks), [first_logprob] + [math.nan] * (len(toks) - 1), None
+            # No model here: only the first token's probability is known (None, so
+            # JSON output stays valid; NaN is not JSON).
+            return list(toks), [first_logprob] + [None] * (len(toks) - 1), None
         logits, scores = step.model(mx.array([toks]), step.cache)
         lp = logits[0].astype(mx.float32)
         lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)

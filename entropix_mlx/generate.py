@@ -25,11 +25,14 @@ class TokenEvent:
     logprob: float          # natural log of the model's probability of this token
     metrics: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
+    note: str = ""          # what the sampler repaired (NaN logits...), "" when nothing
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        return {"token": d.pop("token"), "text": d.pop("text"), "strategy": d.pop("strategy"),
-                **d.pop("metrics"), **d.pop("params"), "logprob": d.pop("logprob")}
+        d = {"token": self.token, "text": self.text, "strategy": self.strategy,
+             **self.metrics, **self.params, "logprob": self.logprob}
+        if self.note:
+            d["note"] = self.note
+        return d
 
 
 @dataclass
@@ -55,7 +58,7 @@ def prefill(model, tokens: list[int], cache):
     """
     for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
         model(mx.array([tokens[start:start + PREFILL_CHUNK]]), cache, last_only=True)
-        mx.eval([c.keys for c in cache])
+        mx.eval([(c.keys, c.values) for c in cache])
         tokens_left = tokens[start + PREFILL_CHUNK:]
     else:
         tokens_left = tokens[-(((len(tokens) - 1) % PREFILL_CHUNK) + 1):]
@@ -96,6 +99,16 @@ class Generation:
             choice = self.sampler.choose(step, step_key)
             tokens = choice.tokens[: self.max_tokens - len(self.tokens)]
             self.thinking_insertions += choice.inserted
+            if not (len(self.tokens) + len(tokens) >= self.max_tokens or any(t in eos for t in tokens)):
+                # Start the next forward pass before handing the tokens out (as
+                # mlx-lm does): it computes while the caller prints and while
+                # the next step's sampler graph is built.
+                if choice.advanced is not None:
+                    self.cache, logits, scores = choice.advanced
+                    cache = self.cache
+                else:
+                    logits, scores = model(mx.array([tokens]), cache)
+                mx.async_eval(logits, scores)
             for token, logprob in zip(tokens, choice.logprobs):
                 if token in eos:
                     self.finish_reason = "eos"
@@ -106,17 +119,12 @@ class Generation:
                 if len(self.tokens) == self.max_tokens:
                     detokenizer.finalize()  # the last token: flush held-back bytes
                 event = TokenEvent(token, detokenizer.last_segment, choice.strategy, logprob,
-                                   choice.metrics, choice.params)
+                                   choice.metrics, choice.params, choice.note)
                 self.events.append(event)
                 self._gen_time = time.perf_counter() - self._gen_start
                 yield event
             if len(self.tokens) >= self.max_tokens:
                 break
-            if choice.advanced is not None:
-                self.cache, logits, scores = choice.advanced
-                cache = self.cache
-            else:
-                logits, scores = model(mx.array([tokens]), cache)
         self.finish_reason = "length"
 
     def summary(self) -> Summary:

@@ -32,6 +32,7 @@ class Choice:
     # (cache, logits, scores) after the last of them, so the loop need not redo it.
     advanced: tuple | None = None
     inserted: bool = False      # the tokens are an inserted thinking text, not sampled
+    note: str = ""              # what the sampler had to repair, e.g. NaN logits ("" when nothing)
 
 
 class Sampler(Protocol):
@@ -60,23 +61,46 @@ def filtered_logprobs(logits: mx.array, temperature: float = 1.0, top_k: int = 0
     return scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
 
 
+# What `sanitize_logits` found, by code (evaluated with the step's one host sync).
+LOGIT_NOTES = ("", "NaN logits ignored", "+inf logits: sampled among them only",
+               "no finite logits: sampled uniformly")
+
+
+def sanitize_logits(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """Logits every filter and metric can handle, and a code into LOGIT_NOTES.
+
+    NaN entries are dropped (-inf); +inf entries mean "certain", so they share
+    all the probability; when nothing finite is left the choice is uniform.
+    Lazy and element-wise: it adds no host sync."""
+    logits = logits.astype(mx.float32)
+    nan, pos_inf = mx.isnan(logits), logits == mx.inf
+    any_nan, any_pos_inf = mx.any(nan), mx.any(pos_inf)
+    clean = mx.where(nan, -mx.inf, logits)
+    clean = mx.where(any_pos_inf, mx.where(pos_inf, 0.0, -mx.inf), clean)
+    nothing_left = mx.all(clean == -mx.inf)
+    clean = mx.where(nothing_left, mx.zeros_like(clean), clean)
+    code = mx.where(nothing_left, 3, mx.where(any_pos_inf, 2, mx.where(any_nan, 1, 0)))
+    return clean, code
+
+
 def _logprob(logits: mx.array, token: mx.array) -> mx.array:
     return logits[token] - mx.logsumexp(logits)
 
 
-def _baseline_metrics(step: Step, enabled: bool) -> dict:
+def _baseline_metrics(logits: mx.array, step: Step, enabled: bool) -> dict:
     # Lazy: evaluated together with the token (one host sync per step).
     from .metrics import step_metrics
 
-    return step_metrics(step.logits, step.scores) if enabled else {}
+    return step_metrics(logits, step.scores) if enabled else {}
 
 
-def _finish(token: mx.array, logprob: mx.array, metrics: dict) -> tuple[int, float, dict]:
+def _finish(token: mx.array, logprob: mx.array, metrics: dict, code: mx.array) -> tuple[int, float, dict, str]:
     from .metrics import METRIC_NAMES
 
     stacked = mx.stack([metrics[n] for n in METRIC_NAMES]) if metrics else None
-    mx.eval(token, logprob, stacked)
-    return token.item(), logprob.item(), dict(zip(METRIC_NAMES, stacked.tolist())) if metrics else {}
+    mx.eval(token, logprob, stacked, code)
+    metrics = dict(zip(METRIC_NAMES, stacked.tolist())) if metrics else {}
+    return token.item(), logprob.item(), metrics, LOGIT_NOTES[code.item()]
 
 
 class GreedySampler:
@@ -92,10 +116,12 @@ class GreedySampler:
         pass
 
     def choose(self, step: Step, key: mx.array) -> Choice:
-        token = mx.argmax(step.logits)
-        token, logprob, metrics = _finish(token, _logprob(step.logits, token), _baseline_metrics(step, self.metrics))
+        logits, code = sanitize_logits(step.logits)
+        token = mx.argmax(logits)
+        token, logprob, metrics, note = _finish(
+            token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
         return Choice([token], "argmax", [logprob], metrics,
-                      params={"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0})
+                      params={"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}, note=note)
 
 
 class TemperatureSampler:
@@ -116,10 +142,12 @@ class TemperatureSampler:
         p = self.params
         if p["temperature"] == 0:
             return GreedySampler(self.metrics).choose(step, key)
-        logprobs = filtered_logprobs(step.logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
+        logits, code = sanitize_logits(step.logits)
+        logprobs = filtered_logprobs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
         token = mx.random.categorical(logprobs, key=key)
-        token, logprob, metrics = _finish(token, _logprob(step.logits, token), _baseline_metrics(step, self.metrics))
-        return Choice([token], "sample", [logprob], metrics, params=dict(p))
+        token, logprob, metrics, note = _finish(
+            token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
+        return Choice([token], "sample", [logprob], metrics, params=dict(p), note=note)
 
 
 class MinPSampler(TemperatureSampler):
