@@ -228,7 +228,7 @@ def chat(model: ModelOpt = None,
          no_color: NoColorOpt = False):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, **overrides)
+    config = check_options(sampler, config, model, **overrides)
     llm, tokenizer, source = load_model(model)
     options = {"config": config, **overrides}
     session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)

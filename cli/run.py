@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from entropix_mlx.config import PRESETS, resolve_config
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.generate import generate
 from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
@@ -69,8 +70,9 @@ SeedOpt = Annotated[int, typer.Option(
     "--seed", callback=_check_seed,
     help="Random seed; fixed by default, so the same command gives the same answer.")]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt.")]
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", exists=True, dir_okay=False, help="Entropix sampler settings, a TOML file (over the model card).")]
+ConfigOpt = Annotated[str | None, typer.Option(
+    "--config", show_default="the model card",
+    help="Entropix sampler settings: a TOML file (over the model card) or a preset (reference, calibrated).")]
 TemperatureOpt = Annotated[float | None, typer.Option(
     "--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines).")]
 TopPOpt = Annotated[float | None, typer.Option(
@@ -82,22 +84,23 @@ MinPOpt = Annotated[float | None, typer.Option(
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
 
 
-def check_options(sampler: str, config: Path | None, **overrides) -> str | None:
-    """Reject option combinations that cannot work before the model loads, so a
-    mistake costs a second, not a model load. Returns --config for make_sampler,
-    which layers it over the model card."""
+def check_options(sampler: str, config: str | None, model: str | None, **overrides) -> str | None:
+    """Reject settings that cannot work before the model loads, so a mistake
+    costs a second, not a model load. Returns --config for make_sampler."""
     given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
     if sampler == "greedy" and given:
         raise ConfigError(f"{', '.join(given)} has no effect with --sampler greedy; "
                           "drop it or choose another sampler")
-    if config is None:
-        return None
-    if sampler != "entropix":
-        raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
-    from entropix_mlx.config import read_toml
-
-    read_toml(config)   # ConfigError on an unreadable or malformed file
-    return str(config)
+    if config is not None:
+        if sampler != "entropix":
+            raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
+        if config not in PRESETS and not Path(config).is_file():
+            what = "is a directory" if Path(config).is_dir() else "does not exist"
+            raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset "
+                              f"({', '.join(PRESETS)})")
+    if sampler == "entropix":   # reads the card and the file, validates every value
+        resolve_config(resolve(model).name, config, **overrides)
+    return config
 
 
 def build_sampler(name, tokenizer, model_name, config=None, **overrides):
@@ -163,7 +166,7 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
         no_color: NoColorOpt = False):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, **overrides)
+    config = check_options(sampler, config, model, **overrides)
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")
     text = read_prompt(prompt)

@@ -90,6 +90,10 @@ def test_unreadable_configs_print_one_line_and_exit_2(tmp_path):
     assert code == 2 and "--config" in one_error_line(err)
     code, out, err = invoke("run", "--sampler", "min_p", "--config", malformed, "hi")
     assert code == 2 and "entropix" in one_error_line(err)
+    out_of_range = tmp_path / "hot.toml"
+    out_of_range.write_text("[sampler]\ntop_p = 1.5\n")
+    code, out, err = invoke("chat", "--config", out_of_range)
+    assert code == 2 and "top_p" in one_error_line(err)
 
 
 def test_empty_prompt_from_stdin_is_refused():
