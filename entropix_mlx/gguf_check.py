@@ -77,7 +77,8 @@ def check_gguf(path: Path) -> None:
     with open(path, "rb") as f:
         r = _Reader(f, size, path)
         if r.read(4, "magic") != b"GGUF":
-            raise ModelLoadError(f"{path} is not a GGUF file (its first bytes are not 'GGUF')")
+            raise ModelLoadError(f"{path} is not a GGUF file (its first bytes are not 'GGUF'); "
+                                 "give a .gguf file, a model directory or a Hugging Face repo id")
         version = r.unpack("I", "version")
         if version not in (2, 3):
             raise ModelLoadError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")

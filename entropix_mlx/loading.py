@@ -55,7 +55,11 @@ def resolve(ref: str | None) -> ModelSource:
         return ModelSource(ref, path, "gguf", path.stem)
     if path.is_dir():
         return ModelSource(ref, path, "directory", path.name)
-    looks_like_repo = ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not path.suffix
+    # owner/name, unless "owner" is a folder here: then it was meant as a local path.
+    # (Repo names may contain dots, as in Llama-3.2-1B: only file extensions rule one out.)
+    looks_like_repo = (ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
+                       and path.suffix.lower() not in (".gguf", ".safetensors", ".json", ".bin")
+                       and not path.parent.is_dir())
     if looks_like_repo:
         return ModelSource(ref, path, "hub", ref.split("/")[1])
     known = ", ".join(BUNDLED)

@@ -362,3 +362,16 @@ def test_cli_repo_id_offline_exits_2(tmp_path):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "offline" in lines[0]
+
+
+def test_resolve_tells_repo_ids_from_mistyped_local_paths(tmp_path, monkeypatch):
+    """Repo ids may contain dots (Llama-3.2); a missing file under an existing
+    local folder, or a missing *.gguf, is a local path error, not a download."""
+    from entropix_mlx.loading import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    assert resolve("mlx-community/Llama-3.2-1B-Instruct-4bit").kind == "hub"
+    for local in ("models/nothing", "downloads/model.gguf"):
+        with pytest.raises(ModelLoadError, match="not found"):
+            resolve(local)
