@@ -1,0 +1,298 @@
+"""`bench`: entropix-mlx against mlx-lm, in one process, on the same weights.
+
+Three variants generate the same number of tokens from the same prompt:
+
+- `mlx_lm`: mlx-lm's own `stream_generate` (greedy, its default sampler) on
+  mlx-lm's own Llama built from the same weights;
+- `entropix_greedy`: our engine with the greedy sampler and no metrics (what
+  the engine itself costs: attention scores, the decode loop);
+- `entropix`: our engine with the full Entropix sampler.
+
+All three time the same things the same way, from outside: prefill tokens/s =
+prompt tokens / time to the first generated token; decode tokens/s = the
+other generated tokens / the time from the first to the last one. Every run
+generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set is
+emptied for the bench (the same switch for both engines), so neither stops early.
+Peak memory is the run's own weights plus the peak of what the run allocated
+(both models are loaded at once here, so the raw process peak would count
+the other model's weights too). Runs are interleaved and the order rotates
+each repeat, so machine noise hits all three alike; figures are medians.
+"""
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .errors import ConfigError
+from .generate import generate
+from .metrics import step_metrics
+from .samplers import Step, make_sampler
+
+VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
+
+# An open-ended passage: the bench continues it, so the Entropix sampler meets
+# both confident and uncertain steps (a repeated sentence would be all argmax).
+PASSAGE = (
+    "The lighthouse keeper had not seen a ship in eleven days when the fog finally lifted. "
+    "From the gallery he could make out the long grey line of the coast, the fishing huts "
+    "at the mouth of the river, and, much further out, something that did not belong there: "
+    "a small boat with a red sail, drifting without anyone at the tiller. He watched it for "
+    "an hour, then went down the spiral stairs, pulled on his coat and untied the dinghy. "
+    "The sea was calm but the current was strong, and it took him most of the afternoon to "
+    "reach it. When he finally climbed aboard, he found a wooden box, a compass that pointed "
+    "south, and a letter addressed to him in his own handwriting. "
+)
+
+
+@dataclass
+class RunResult:
+    prefill_tps: float
+    decode_tps: float
+    peak_memory_gb: float
+    prompt_tokens: int
+    gen_tokens: int
+    strategy_counts: dict = field(default_factory=dict)
+
+
+def bench_prompt(tokenizer, n: int) -> list[int]:
+    """Exactly n prompt tokens: the passage, repeated as often as needed."""
+    ids = tokenizer.encode(PASSAGE, add_special_tokens=False)
+    reps = -(-n // len(ids))
+    return (ids * reps)[:n]
+
+
+@contextmanager
+def no_eos(tokenizer):
+    """Neither engine stops at an end-of-sequence token, so every run generates
+    exactly the tokens asked for (both read `tokenizer.eos_token_ids`)."""
+    saved = set(tokenizer.eos_token_ids)
+    tokenizer.eos_token_ids = set()
+    try:
+        yield
+    finally:
+        tokenizer.eos_token_ids = saved
+
+
+def weights_bytes(model) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def _timed(stream, prompt_tokens: int, own_weights: int) -> RunResult:
+    """Drain a token stream, timing the first and the last token."""
+    mx.synchronize()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    for _ in stream:
+        last = time.perf_counter()
+        if first is None:
+            first = last
+        n += 1
+    peak = mx.get_peak_memory()
+    mx.synchronize()   # mlx-lm leaves one step in flight: let it finish outside the timing
+    decode_time = last - first
+    return RunResult(
+        prefill_tps=prompt_tokens / (first - start),
+        decode_tps=(n - 1) / decode_time if n > 1 else 0.0,
+        peak_memory_gb=(own_weights + peak - base) / 1e9,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=n,
+    )
+
+
+def run_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> RunResult:
+    from mlx_lm.generate import stream_generate
+
+    with no_eos(tokenizer):
+        # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
+        stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens)
+        return _timed(stream, len(prompt), weights_bytes(model))
+
+
+def run_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> RunResult:
+    with no_eos(tokenizer):
+        generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
+        result = _timed(generation, len(prompt), weights_bytes(model))
+    result.strategy_counts = generation.summary().strategy_counts
+    return result
+
+
+def load_pair(ref: str | None):
+    """Our model, mlx-lm's own Llama on the same weights, the tokenizer, the source."""
+    from mlx_lm.models import llama
+
+    from .loading import load, load_gguf
+
+    ours, tokenizer, source = load(ref, return_source=True)
+    if source.kind in ("bundled", "gguf"):
+        theirs, _ = load_gguf(source.path, llama.Model, llama.ModelArgs)
+    else:
+        from mlx_lm.utils import load_model
+
+        from .loading import download
+
+        path = source.path if source.kind == "directory" else download(source.ref)
+        theirs, _ = load_model(path)
+    return ours, theirs, tokenizer, source
+
+
+def make_samplers(tokenizer, model_name: str | None):
+    return {
+        "entropix_greedy": lambda: make_sampler("greedy", metrics=False),
+        "entropix": lambda: make_sampler("entropix", tokenizer=tokenizer, model_name=model_name),
+    }
+
+
+def run_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) -> RunResult:
+    if name == "mlx_lm":
+        return run_mlx_lm(theirs, tokenizer, prompt, gen_tokens)
+    return run_entropix(ours, tokenizer, prompt, gen_tokens, samplers[name]())
+
+
+def median_result(results: list[RunResult]) -> dict:
+    out = {
+        "prefill_tps": statistics.median(r.prefill_tps for r in results),
+        "decode_tps": statistics.median(r.decode_tps for r in results),
+        "peak_memory_gb": statistics.median(r.peak_memory_gb for r in results),
+        "tokens": min(r.gen_tokens for r in results),   # every run must have made gen_tokens
+        "runs": len(results),
+    }
+    if results[0].strategy_counts:
+        out["strategy_counts"] = results[-1].strategy_counts
+    return out
+
+
+def ratios(results: dict) -> dict:
+    ref = results["mlx_lm"]
+    return {
+        "prefill": results["entropix"]["prefill_tps"] / ref["prefill_tps"],
+        "decode": results["entropix"]["decode_tps"] / ref["decode_tps"],
+        "decode_greedy": results["entropix_greedy"]["decode_tps"] / ref["decode_tps"],
+        "memory": results["entropix"]["peak_memory_gb"] / ref["peak_memory_gb"],
+    }
+
+
+def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen_tokens: int = 128,
+          repeats: int = 2, warmup: bool = True, progress=None) -> dict:
+    """Run the three variants `repeats` times, interleaved; medians and ratios."""
+    if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
+        raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
+    context = ours.args.max_position_embeddings
+    if prompt_tokens + gen_tokens > context:
+        raise ConfigError(f"--prompt-tokens + --gen-tokens is {prompt_tokens + gen_tokens} but the model's "
+                          f"context holds {context}; ask for fewer tokens")
+    samplers = make_samplers(tokenizer, model_name)
+    prompt = bench_prompt(tokenizer, prompt_tokens)
+    if warmup:
+        # First calls pay for kernel set-up and mlx-lm's compiled sampler: not timed.
+        short = prompt[: min(prompt_tokens, 16)]
+        for name in VARIANTS:
+            if progress:
+                progress(f"warm-up {name}")
+            run_variant(name, ours, theirs, tokenizer, short, 4, samplers)
+    runs = {name: [] for name in VARIANTS}
+    for r in range(repeats):
+        order = VARIANTS[r % 3:] + VARIANTS[: r % 3]
+        for name in order:
+            if progress:
+                progress(f"repeat {r + 1}/{repeats}: {name}")
+            runs[name].append(run_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers))
+    results = {name: median_result(rs) for name, rs in runs.items()}
+    return {
+        "model": model_name,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        **results,
+        "ratios": ratios(results),
+    }
+
+
+# -- where one decode step's time goes --------------------------------------------
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, steps: int = 16,
+            seed: int = 0) -> dict:
+    """Time the parts of one Entropix decode step, each evaluated on its own
+    (MLX is lazy: a part's time is the time to build and evaluate it), over
+    `steps` steps after the prompt; medians in milliseconds.
+
+    - model: our forward pass for one token, logits and attention scores;
+    - metrics: the six metrics alone;
+    - candidates: the sampler's whole graph (metrics, every strategy's
+      parameters and candidate draws) minus the metrics;
+    - decision: the rest of `choose` on the host (the strategy table, the
+      candidate scores, and the extra forward passes of branch rollouts or a
+      thinking insertion on the steps that take them);
+    - mlx_lm_model: mlx-lm's forward pass plus its greedy pick, for comparison.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .cache import make_cache
+    from .generate import prefill
+
+    sampler = make_sampler("entropix", tokenizer=tokenizer, model_name=model_name)
+    sampler.reset()
+    prompt = bench_prompt(tokenizer, prompt_tokens)
+    cache, their_cache = make_cache(ours), make_prompt_cache(theirs)
+    logits, scores = prefill(ours, prompt, cache)
+    theirs(mx.array([prompt]), cache=their_cache)
+    mx.eval(logits, scores, [c.state for c in their_cache])
+
+    parts = {"model": [], "metrics": [], "candidates": [], "decision": [], "mlx_lm_model": []}
+    key = mx.random.key(seed)
+    tokens: list[int] = []
+    strategies: dict[str, int] = {}
+    for _ in range(steps):
+        key, step_key = mx.random.split(key)
+        step = Step(logits[0, -1], [s[0] for s in scores], tokens, ours, cache)
+
+        t = time.perf_counter()
+        mx.eval(step_metrics(step.logits, step.scores, sampler.config.attention_layers))
+        metrics_ms = _ms(t)
+
+        t = time.perf_counter()
+        mx.eval(sampler.plan(step, step_key))
+        plan_ms = _ms(t)
+
+        t = time.perf_counter()
+        choice = sampler.choose(step, step_key)
+        choose_ms = _ms(t)
+        strategies[choice.strategy] = strategies.get(choice.strategy, 0) + 1
+        tokens.extend(choice.tokens)
+
+        if choice.advanced is not None:
+            # A rollout or an insertion already ran the model over its tokens
+            # (its cost is in "decision"); this step has no forward pass to time.
+            cache, logits, scores = choice.advanced
+        else:
+            t = time.perf_counter()
+            logits, scores = ours(mx.array([choice.tokens]), cache)
+            mx.eval(logits, scores)
+            parts["model"].append(_ms(t))
+
+        t = time.perf_counter()
+        their_logits = theirs(mx.array([choice.tokens]), cache=their_cache)
+        mx.eval(mx.argmax(their_logits[0, -1]))
+        if len(choice.tokens) == 1:
+            parts["mlx_lm_model"].append(_ms(t))
+
+        parts["metrics"].append(metrics_ms)
+        parts["candidates"].append(max(plan_ms - metrics_ms, 0.0))
+        parts["decision"].append(max(choose_ms - plan_ms, 0.0))
+
+    return {"model": model_name, "prompt_tokens": prompt_tokens, "steps": steps,
+            "strategy_counts": strategies,
+            "step_ms": {name: statistics.median(v) if v else 0.0 for name, v in parts.items()},
+            # Means show what the rare expensive steps (rollouts) add on average.
+            "step_ms_mean": {name: statistics.fmean(v) if v else 0.0 for name, v in parts.items()}}

@@ -1,0 +1,139 @@
+"""`bench`: the JSON shape, exact token counts past EOS, the CLI end to end.
+
+No timing is asserted anywhere: only that the figures exist, are positive and
+are put together as documented."""
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+
+from cli.app import main
+from entropix_mlx import bench
+from entropix_mlx.errors import ConfigError
+from entropix_mlx.generate import generate
+from entropix_mlx.samplers import make_sampler
+
+from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
+
+FIGURES = ("prefill_tps", "decode_tps", "peak_memory_gb")
+
+
+def mlx_lm_twin(model):
+    """mlx-lm's own Llama with our model's weights (same parameter tree)."""
+    twin = llama.Model(llama.ModelArgs.from_dict(TINY_CONFIG))
+    twin.load_weights(tree_flatten(model.parameters()), strict=True)
+    mx.eval(twin.parameters())
+    return twin
+
+
+def check_result(result: dict, prompt_tokens: int, gen_tokens: int, runs: int):
+    assert set(result) >= {"model", "prompt_tokens", "gen_tokens", *bench.VARIANTS, "ratios"}
+    assert (result["prompt_tokens"], result["gen_tokens"]) == (prompt_tokens, gen_tokens)
+    for name in bench.VARIANTS:
+        variant = result[name]
+        for figure in FIGURES:
+            assert variant[figure] > 0, (name, figure)
+        assert variant["runs"] == runs
+        assert variant["tokens"] == gen_tokens, f"{name} stopped early"
+    assert set(result["ratios"]) == {"prefill", "decode", "decode_greedy", "memory"}
+    assert all(r > 0 for r in result["ratios"].values())
+    # Ratios are entropix-mlx over mlx-lm.
+    ref, ours, greedy = result["mlx_lm"], result["entropix"], result["entropix_greedy"]
+    assert result["ratios"]["decode"] == pytest.approx(ours["decode_tps"] / ref["decode_tps"])
+    assert result["ratios"]["decode_greedy"] == pytest.approx(greedy["decode_tps"] / ref["decode_tps"])
+    assert result["ratios"]["prefill"] == pytest.approx(ours["prefill_tps"] / ref["prefill_tps"])
+    assert result["ratios"]["memory"] == pytest.approx(ours["peak_memory_gb"] / ref["peak_memory_gb"])
+    assert sum(result["entropix"]["strategy_counts"].values()) == gen_tokens
+
+
+def test_bench_on_a_tiny_model_gives_every_figure(tiny_model, tiny_tokenizer):
+    result = bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny",
+                         prompt_tokens=12, gen_tokens=6, repeats=2)
+    check_result(result, 12, 6, runs=2)
+    assert result["model"] == "tiny"
+    json.dumps(result)   # the --json output is plain data
+
+
+def eos_only_model():
+    """A tiny model whose final norm is zero: every logit is 0, so greedy picks
+    token 0 (argmax takes the first of equals) at every step, in both engines."""
+    model = make_tiny_model()
+    model.model.norm.weight = mx.zeros_like(model.model.norm.weight)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
+    model, tokenizer = eos_only_model(), make_tiny_tokenizer()
+    tokenizer.eos_token_ids = {0}
+    prompt = bench.bench_prompt(tokenizer, 5)
+    # Without the bench's switch, both engines stop at once.
+    assert list(generate(model, tokenizer, prompt, make_sampler("greedy"), max_tokens=8)) == []
+    from mlx_lm.generate import stream_generate
+
+    assert [r.finish_reason for r in stream_generate(mlx_lm_twin(model), tokenizer, prompt, max_tokens=8)] == ["stop"]
+
+    theirs = bench.run_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8)
+    ours = bench.run_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False))
+    assert theirs.gen_tokens == ours.gen_tokens == 8
+    assert ours.strategy_counts == {"argmax": 8}
+    assert tokenizer.eos_token_ids == {0}   # restored afterwards
+
+
+def test_bench_prompt_has_exactly_the_requested_length(tiny_tokenizer):
+    for n in (1, 7, 300, 2000):
+        ids = bench.bench_prompt(tiny_tokenizer, n)
+        assert len(ids) == n
+    assert tiny_tokenizer.decode(bench.bench_prompt(tiny_tokenizer, 30)) == bench.PASSAGE[:30]
+
+
+def test_bench_rejects_sizes_it_cannot_run(tiny_model, tiny_tokenizer):
+    with pytest.raises(ConfigError, match="context holds 512"):
+        bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=500, gen_tokens=20)
+    with pytest.raises(ConfigError, match="at least"):
+        bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=8, gen_tokens=1)
+
+
+def test_profile_times_every_part(tiny_model, tiny_tokenizer):
+    p = bench.profile(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=10, steps=5)
+    parts = {"model", "metrics", "candidates", "decision", "mlx_lm_model"}
+    assert set(p["step_ms"]) == set(p["step_ms_mean"]) == parts
+    assert p["step_ms"]["metrics"] > 0 and p["step_ms_mean"]["mlx_lm_model"] > 0
+    assert all(v >= 0 for v in p["step_ms_mean"].values())
+    assert sum(p["strategy_counts"].values()) == 5
+
+
+def test_table_shows_every_variant_and_ratio(capsys):
+    variant = {"prefill_tps": 10.0, "decode_tps": 5.0, "peak_memory_gb": 0.12, "tokens": 4, "runs": 1}
+    result = {"model": "m", "prompt_tokens": 8, "gen_tokens": 4, "mlx_lm": variant, "entropix_greedy": variant,
+              "entropix": {**variant, "decode_tps": 4.5, "strategy_counts": {"argmax": 3, "branch": 1}},
+              "ratios": {"prefill": 1.0, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0}}
+    from cli.bench import print_tables
+
+    print_tables(result)
+    out = capsys.readouterr().out
+    for text in ("mlx_lm", "entropix_greedy", "entropix / mlx_lm", "0.90", "argmax 3, branch 1"):
+        assert text in out
+
+
+def test_cli_rejects_one_generated_token(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--gen-tokens", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--gen-tokens" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_cli_json_on_the_bundled_model(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--prompt-tokens", "8", "--gen-tokens", "4", "--repeats", "1", "--json"])
+    assert exit_.value.code == 0
+    result = json.loads(capsys.readouterr().out)
+    check_result(result, 8, 4, runs=1)
+    assert result["model"] == "smollm2-135m"
+    # mlx-lm's model and ours hold the same weights: same footprint within the cache's growth step.
+    assert result["entropix_greedy"]["peak_memory_gb"] == pytest.approx(result["mlx_lm"]["peak_memory_gb"], rel=0.2)
