@@ -29,7 +29,7 @@ COMMANDS = {
     "/seed N": "seed of the next answer (each later answer uses the next number)",
     "/system TEXT": "set the system prompt; '/system' alone removes it",
     "/save FILE": "write the transcript, with each token's strategy, as JSON",
-    "/quit": "leave (Ctrl-D too)",
+    "/quit": "leave (also /exit, Ctrl-D)",
 }
 
 
