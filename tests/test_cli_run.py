@@ -4,7 +4,6 @@ handling is the real one). The CLI keeps loaded models in-process, so the real
 model loads once for this whole file."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from cli import models_cmd, run as run_cmd
 from cli.app import main
 from conftest import make_tiny_model, make_tiny_tokenizer
 from entropix_mlx.loading import ModelSource
-from entropix_mlx.samplers import Choice, GreedySampler
+from entropix_mlx.samplers import GreedySampler
 
 ESC = "\x1b["
 STRATEGIES = {"argmax", "think", "branch", "resample", "adaptive", "sample"}
