@@ -53,16 +53,17 @@ class Summary:
 def prefill(model, tokens: list[int], cache):
     """Run the prompt through the model; returns the last position's (logits, scores).
 
-    Long prompts go in chunks so peak memory stays bounded; only the cache of the
-    earlier chunks is evaluated (MLX is lazy, so their logits are never computed).
+    As in mlx-lm: every token but the last only fills the cache, in chunks so
+    peak memory stays bounded (only the cache is evaluated; MLX is lazy, so
+    those positions' logits and attention scores are never computed), then the
+    last token runs alone for the logits and scores. In one pass, the pending
+    last-row scores would hold every layer's full query block until the end.
     """
-    for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-        model(mx.array([tokens[start:start + PREFILL_CHUNK]]), cache, last_only=True)
+    for start in range(0, len(tokens) - 1, PREFILL_CHUNK):
+        chunk = tokens[start:min(start + PREFILL_CHUNK, len(tokens) - 1)]
+        model(mx.array([chunk]), cache, last_only=True)
         mx.eval([(c.keys, c.values) for c in cache])
-        tokens_left = tokens[start + PREFILL_CHUNK:]
-    else:
-        tokens_left = tokens[-(((len(tokens) - 1) % PREFILL_CHUNK) + 1):]
-    return model(mx.array([tokens_left]), cache, last_only=True)
+    return model(mx.array([tokens[-1:]]), cache)
 
 
 class Generation:
