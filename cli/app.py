@@ -9,6 +9,8 @@ import typer
 
 from entropix_mlx.errors import EntropixError
 
+from .signals import exit_code, sigterm_raises
+
 try:  # recent Typer vendors its own copy of Click
     from typer._click.exceptions import ClickException, UsageError
 except ImportError:
@@ -39,9 +41,10 @@ def fail(message: str, code: int = 2):
 def main(argv: list[str] | None = None):
     """Run the app. Every user error ends as one `error: ...` line and exit code 2:
     ours (EntropixError) and Click's usage errors alike, which Typer would
-    otherwise draw as a multi-line box."""
+    otherwise draw as a multi-line box. Ctrl-C exits 130, SIGTERM 143."""
     try:
-        code = app(args=argv, standalone_mode=False)
+        with sigterm_raises():
+            code = app(args=argv, standalone_mode=False)
     except EntropixError as e:
         fail(str(e))
     except UsageError as e:
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None):
         fail(" ".join(e.format_message().split()) + hint, e.exit_code)
     except ClickException as e:
         fail(" ".join(e.format_message().split()), e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C or Ctrl-D outside a generation
-        raise SystemExit(130)
+    except (typer.Abort, KeyboardInterrupt) as e:  # Ctrl-C, Ctrl-D or SIGTERM outside a generation
+        raise SystemExit(exit_code(e))
+    if code == 130:   # Typer's code for an interrupt that left a command: SIGINT or SIGTERM
+        code = exit_code()
     raise SystemExit(code or 0)

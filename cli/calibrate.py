@@ -28,8 +28,13 @@ def calibrate(
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
 
-    path, found, samples = run_calibration(llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed,
-                                           progress=progress)
+    try:
+        path, found, samples = run_calibration(llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed,
+                                               progress=progress)
+    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the card is written to a temporary file and renamed,
+        from entropix_mlx.cards import card_path   # so it is either the old one or the new one, whole
+        print(f"\ninterrupted: {out or card_path(source.name)} was not changed", file=sys.stderr)
+        raise
     print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)
     for name, value in found.items():
         metric, q = QUANTILES[name]

@@ -17,6 +17,7 @@ from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.samplers import SAMPLER_NAMES
 
 from . import render
+from .signals import Terminated
 from .run import (DEFAULT_SEED, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
                   SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
                   load_model)
@@ -71,6 +72,8 @@ class ChatSession:
                 if self.interactive:
                     self.out.print()
                 return None
+            except Terminated:   # SIGTERM at the prompt: leave now (exit 143)
+                raise
             except KeyboardInterrupt:
                 if warned or not self.interactive:
                     self.out.print()
@@ -102,20 +105,22 @@ class ChatSession:
                         break
                 else:
                     self.answer(line)
-            except KeyboardInterrupt:   # during a command, or a second Ctrl-C while handling the first
+            except KeyboardInterrupt as interrupt:   # during a command, or a second Ctrl-C while handling the first
                 self.conversation.recover()
                 self.out.print()
                 self.meta("interrupted")
+                if isinstance(interrupt, Terminated):
+                    raise
 
     def answer(self, text: str):
-        turn, problem, interrupted = None, None, False
+        turn, problem, interrupted = None, None, None
         try:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
             for event in turn:
                 render.write_token(self.out, event.text, event.strategy, self.color)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as interrupt:
+            interrupted = interrupt
         except ContextOverflowError as e:
             if turn is None:     # refused before anything ran
                 self.meta(f"context full: {e}")
@@ -126,12 +131,14 @@ class ChatSession:
             self.conversation.recover()
             self.out.print()
             self.meta("interrupted")
-            return
-        self.conversation.finish(turn, interrupted=interrupted)
-        self.out.print()
-        self.out.print(render.summary_line(turn.generation.summary(), prefilled=turn.prefilled))
-        if problem:
-            self.meta(problem)
+        else:
+            self.conversation.finish(turn, interrupted=interrupted is not None)
+            self.out.print()
+            self.out.print(render.summary_line(turn.generation.summary(), prefilled=turn.prefilled))
+            if problem:
+                self.meta(problem)
+        if isinstance(interrupted, Terminated):   # SIGTERM: the answer so far is shown; now leave
+            raise interrupted
 
     # -- commands -------------------------------------------------------------
 
@@ -210,7 +217,8 @@ class ChatSession:
         try:
             path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         except OSError as e:
-            self.meta(f"error: cannot write {path}: {e.strerror or e}")
+            self.meta(f"error: cannot write {path}: {e.strerror or e}; choose a folder that exists and is "
+                      "writable (the conversation is kept)")
             return
         self.meta(f"saved {len(self.conversation.turns)} turns to {path}")
 

@@ -6,6 +6,7 @@ legend and summary go to stderr, so `run ... > answer.txt` keeps just the text.
 """
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ from entropix_mlx.config import PRESETS, resolve_config
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.generate import generate
 from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
+from entropix_mlx.prompt import encode_chat, encode_raw
 from entropix_mlx.samplers import SAMPLER_NAMES, make_sampler
 
 from . import render
+from .signals import exit_code
 
 DEFAULT_SEED = 0   # a fixed default: the same command gives the same answer; pass --seed to vary it
 
@@ -47,6 +50,13 @@ def _check_seed(value: int) -> int:
     return value
 
 
+def _check_max_tokens(value: int) -> int:
+    # 0 is refused rather than answered with nothing: it is almost always a slip.
+    if value < 1:
+        raise typer.BadParameter(f"{value} tokens would give no answer; use 1 or more, e.g. --max-tokens 64")
+    return value
+
+
 def _check_top_p(value: float | None):
     if value is not None and not 0 < value <= 1:
         raise typer.BadParameter(f"{value} is not in (0, 1]; e.g. 0.9")
@@ -65,7 +75,9 @@ ModelOpt = Annotated[str | None, typer.Option(
     help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")]
 SamplerOpt = Annotated[str, typer.Option(
     "--sampler", callback=_check_sampler, help=f"One of: {', '.join(SAMPLER_NAMES)}.")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens to generate per answer.")]
+MaxTokensOpt = Annotated[int, typer.Option(
+    "--max-tokens", callback=_check_max_tokens,
+    help="Most tokens to generate per answer (1 or more; the context's end also stops it).")]
 SeedOpt = Annotated[int, typer.Option(
     "--seed", callback=_check_seed,
     help="Random seed; fixed by default, so the same command gives the same answer.")]
@@ -120,25 +132,52 @@ def header(source, sampler, seed: int) -> str:
 
 
 def read_prompt(prompt: str) -> str:
+    """The prompt text; '-' reads standard input, which must be UTF-8 text."""
     if prompt == "-":
-        prompt = sys.stdin.read().rstrip("\r\n")
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"standard input is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                              "convert it first, e.g. iconv -f latin1 -t utf-8") from None
+        prompt = prompt.removeprefix("\ufeff").rstrip("\r\n")   # a BOM and the final newline are not the prompt
+        if "\x00" in prompt:
+            raise ConfigError("standard input contains NUL bytes, so it is binary data, not a prompt; pass text")
     if not prompt.strip():
         raise ConfigError("the prompt is empty; pass some text, or '-' to read it from standard input")
     return prompt
 
 
 def prompt_tokens(tokenizer, prompt: str, system: str | None, raw: bool) -> list[int]:
+    """--raw: the text as is, control tokens written in it parsed. Otherwise the
+    chat template, with `<|im_end|>` and the like in the user's text kept as text."""
     if raw:
-        return list(tokenizer.encode(prompt))
+        return encode_raw(tokenizer, prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     try:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return encode_chat(tokenizer, messages)
     except ValueError:  # transformers: no chat template
         raise ConfigError("this model has no chat template; use --raw to send the prompt as is") from None
 
 
-def _to_json(value):
-    return value.item() if hasattr(value, "item") else str(value)
+def _plain(value):
+    """JSON-ready data: MLX/NumPy scalars as numbers, NaN and ±inf as null (JSON
+    has no such numbers, and a reader of JSON Lines must never meet one)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def json_line(record: dict) -> str:
+    return json.dumps(_plain(record), allow_nan=False) + "\n"
 
 
 def silence_stdout():
@@ -177,36 +216,41 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
     if len(ids) >= context:
         raise ContextOverflowError(f"the prompt has {len(ids)} tokens but the model's context holds {context}; "
                                    "shorten it")
-    # Stop at the end of the context rather than overflow it mid-answer.
-    generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, context - len(ids)), seed=seed)
+    room = context - len(ids)
 
     out = render.make_console(no_color=no_color)
     color = not no_color and out.is_terminal and not out.no_color
     if not color:
         out = render.make_console(no_color=True)
     err = render.make_console(stderr=True, no_color=not color)
-    if not json_lines:
-        err.print(header(source, chooser, seed), style=render.META_STYLE)
-        if color:
-            err.print(render.legend(render.sampler_strategies(chooser)))
+    if max_tokens > room:   # stop at the end of the context rather than overflow it mid-answer
+        err.print(f"warning: --max-tokens {max_tokens} is more than the context leaves after the prompt; "
+                  f"the answer stops after {room} tokens", style=render.META_STYLE)
+    generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed)
 
     code = 0
     try:
         try:
+            if not json_lines:
+                err.print(header(source, chooser, seed), style=render.META_STYLE)
+                if color:
+                    err.print(render.legend(render.sampler_strategies(chooser)))
             for event in generation:
                 if json_lines:
-                    sys.stdout.write(json.dumps(event.to_dict(), default=_to_json) + "\n")
+                    sys.stdout.write(json_line(event.to_dict()))
                     sys.stdout.flush()
                 else:
                     render.write_token(out, event.text, event.strategy, color)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:   # Ctrl-C or SIGTERM, in prefill or decode
             generation.finish_reason = "interrupted"
-            code = 130
+            code = exit_code(interrupt)
         except ContextOverflowError:   # a branch rollout looked past the end of the context
+            generation.finish_reason = "context"
+        if generation.finish_reason == "length" and max_tokens > room:
             generation.finish_reason = "context"
         summary = generation.summary()
         if json_lines:
-            sys.stdout.write(json.dumps({"summary": summary.to_dict()}, default=_to_json) + "\n")
+            sys.stdout.write(json_line({"summary": summary.to_dict()}))
         else:
             out.print()
         sys.stdout.flush()

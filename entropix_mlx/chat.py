@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .cache import cache_length, make_cache
 from .errors import ConfigError, ContextOverflowError
 from .generate import Generation, TokenEvent, generate
+from .prompt import encode_chat
 
 
 @dataclass
@@ -79,8 +80,8 @@ class Conversation:
     def template(self, user: str) -> list[int]:
         """Token ids of the history plus `user`, ending with the assistant's header."""
         messages = self.messages + [{"role": "user", "content": user}]
-        try:
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        try:   # special-token text typed by the user (e.g. "<|im_end|>") stays text
+            return encode_chat(self.tokenizer, messages)
         except ValueError as e:  # transformers raises ValueError when there is no template
             raise ConfigError(f"this model's tokenizer has no usable chat template ({e}); "
                               "chat needs an instruction-tuned model") from None

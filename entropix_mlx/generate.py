@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import mlx.core as mx
 
 from .cache import make_cache
+from .errors import ConfigError
 from .samplers import Sampler, Step
 
 PREFILL_CHUNK = 2048
@@ -44,7 +45,7 @@ class Summary:
     prompt_tps: float
     generation_tps: float
     peak_memory_gb: float
-    finish_reason: str      # "eos", "length", "interrupted" or "running"
+    finish_reason: str      # "eos", "length", "interrupted", "running"; the CLI adds "context"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +70,8 @@ def prefill(model, tokens: list[int], cache):
 class Generation:
     def __init__(self, model, tokenizer, prompt_tokens: list[int], sampler: Sampler,
                  max_tokens: int = 256, seed: int = 0, cache=None):
+        if len(prompt_tokens) == 0:   # the next token's logits need at least one position
+            raise ConfigError("the prompt has no tokens; give some text")
         self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
         self.prompt_tokens = list(prompt_tokens)
         self.max_tokens, self.seed = max_tokens, seed
@@ -81,6 +84,9 @@ class Generation:
         self._gen_start = None
 
     def __iter__(self):
+        if self.max_tokens <= 0:   # nothing asked for: no prefill either
+            self.finish_reason = "length"
+            return
         model, cache, eos = self.model, self.cache, self.tokenizer.eos_token_ids
         self.sampler.reset()
         detokenizer = self.tokenizer.detokenizer
