@@ -2,12 +2,16 @@
 on built-in prompts and write its thresholds to its model card."""
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import DEFAULT_MODEL
+
+from .signals import exit_code
 
 
 def calibrate(
@@ -21,8 +25,10 @@ def calibrate(
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU)."""
     from entropix_mlx.calibrate import PROMPTS, QUANTILES, calibrate as run_calibration
-    from entropix_mlx.loading import load
+    from entropix_mlx.cards import card_path
+    from entropix_mlx.loading import load, resolve
 
+    check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True)
 
     def progress(i, n):
@@ -31,16 +37,38 @@ def calibrate(
     try:
         path, found, samples = run_calibration(llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed,
                                                progress=progress)
-    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the card is written to a temporary file and renamed,
-        from entropix_mlx.cards import card_path   # so it is either the old one or the new one, whole
+    except KeyboardInterrupt as interrupt:   # Ctrl-C or SIGTERM: the card is written to a temporary
+        # file and renamed, so it is either the old one or the new one, whole
         print(f"\ninterrupted: {out or card_path(source.name)} was not changed", file=sys.stderr)
-        raise
+        raise typer.Exit(exit_code(interrupt))
+    except OSError as e:   # e.g. the disk filled up while writing
+        print(file=sys.stderr)
+        raise ConfigError(f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
+                          "the old card is unchanged; free space or choose another place with --out") from None
     print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)
     for name, value in found.items():
         metric, q = QUANTILES[name]
         unit = "bits" if metric == "entropy" else "bits^2"
         print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
     print(f"wrote {path}")
+
+
+def check_writable(path: Path):
+    """The card's folder must exist (or be creatable) and take a new file: the
+    card is written as a temporary file there, then renamed over the old one."""
+    folder = next((p for p in path.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"cannot write the card {path}: {folder} is a file, not a folder; "
+                          "choose another place with --out")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise ConfigError(f"cannot write the card {path}: {e.strerror or e}; "
+                          "choose a writable place with --out") from None
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a directory; give a file name, e.g. {path / 'model.toml'}")
 
 
 def register(app: typer.Typer):

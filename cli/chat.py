@@ -87,6 +87,8 @@ class ChatSession:
             return line
 
     def loop(self):
+        if hasattr(sys.stdin, "reconfigure"):   # bytes that are not UTF-8 become U+FFFD, not a crash
+            sys.stdin.reconfigure(errors="replace")
         if self.interactive:
             try:
                 import readline  # noqa: F401  (line editing and history for input())
@@ -242,6 +244,8 @@ def chat(model: ModelOpt = None,
     session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
     try:
         session.loop()
+    except Terminated:   # SIGTERM: what was shown stays; leave with 143
+        raise typer.Exit(143)
     except BrokenPipeError:
         from .run import silence_stdout
         silence_stdout()

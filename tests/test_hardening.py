@@ -3,11 +3,8 @@
 one; real processes where signals, exit codes and pipes are involved."""
 
 import json
-import math
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -386,3 +383,47 @@ def test_interrupted_calibration_leaves_the_old_card(tiny_gguf, tmp_path, sig, c
     assert f"interrupted: {card} was not changed" in err and "Traceback" not in err
     assert card.read_text() == "# the old card\n[sampler]\nlow_entropy = 0.5\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]   # no temporary card left
+
+
+def test_calibrate_refuses_an_unwritable_card_before_any_work(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    code, out, err = invoke("calibrate", "-m", "no-such-model", "--out", a_file / "card.toml")
+    assert code == 2 and out == ""
+    assert f"cannot write the card {a_file / 'card.toml'}: {a_file} is a file, not a folder" in one_error_line(err)
+
+
+def test_chat_reads_invalid_utf8_lines_with_replacement_characters(tiny_ref, monkeypatch, tmp_path):
+    use_sampler(monkeypatch, ScriptedSampler([byte_id(ord("k")), EOS]))
+    saved = tmp_path / "chat.json"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--no-color", input=b"caf\xe9\n/save " + str(saved).encode())
+    assert code == 0, err
+    assert [t["user"] for t in json.loads(saved.read_text())["turns"]] == ["caf\ufffd"]
+
+
+class TerminatedAtStep:
+    """Greedy, but SIGTERM arrives (as the handler raises it) at step `n`."""
+
+    name = "greedy"
+
+    def __init__(self, n):
+        self.n, self.steps = n, 0
+
+    def reset(self):
+        pass
+
+    def choose(self, step, key):
+        from cli.signals import Terminated
+        self.steps += 1
+        if self.steps == self.n:
+            raise Terminated
+        return GreedySampler().choose(step, key)
+
+
+def test_sigterm_during_a_chat_answer_shows_it_and_exits_143(tiny_ref, monkeypatch):
+    use_sampler(monkeypatch, TerminatedAtStep(3))
+    code, out, err = invoke("chat", "-m", tiny_ref, "--no-color", "--max-tokens", "5",
+                            input="one\nthis line is never read\n")
+    assert code == 143, err
+    assert "2 tokens" in out and "stopped: interrupted" in out
+    assert "never read" not in out and "Traceback" not in err
