@@ -11,6 +11,7 @@ import typer
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import DEFAULT_MODEL
 
+from .run import warm_up_compiler
 from .signals import exit_code
 
 
@@ -30,6 +31,7 @@ def calibrate(
 
     check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True)
+    warm_up_compiler()   # so that Ctrl-C works from the first prompt on (see cli/run.py)
 
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)

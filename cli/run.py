@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import mlx.core as mx
 import typer
 
 from entropix_mlx.config import PRESETS, resolve_config
@@ -35,7 +36,21 @@ def load_model(ref: str | None):
     key = str(resolve(ref).path)
     if key not in _MODELS:
         _MODELS[key] = load(ref, return_source=True)
+        warm_up_compiler()
     return _MODELS[key]
+
+
+@mx.compile
+def _fused(x):
+    return x * 2 + 1
+
+
+def warm_up_compiler():
+    """MLX's CPU backend checks for its compiler with C's system("g++ --version")
+    at the first compiled kernel of a process, and system() ignores SIGINT while
+    it runs: a Ctrl-C in that moment, the start of the first prefill, was lost.
+    One tiny compiled kernel now moves that moment into the model load."""
+    mx.eval(_fused(mx.array([1.0])))
 
 
 def _check_sampler(name: str) -> str:
