@@ -1,0 +1,286 @@
+"""Batched generation: several prompts decoded together, for `eval`.
+
+Rows share one forward pass per step, but every decision stays per row: each
+row has its own sampler instance, its own random key chain (the one `generate`
+uses for the same seed) and its attention scores with the padding cut off, so a
+row's answer does not depend on which rows share its batch. Greedy rows equal
+unbatched `generate` runs token for token (tests/test_batch.py).
+
+The cache is mlx-lm's `BatchKVCache`: a per-row left padding and a per-row
+offset (the RoPE position), so each row's real tokens sit at positions 0, 1, ...
+exactly as in an unbatched run, and its `make_mask` hides the padding from every
+query. Continuous batching: a finished row leaves the batch (`filter`) and a
+waiting prompt, prefilled on its own, takes its place (`merge` + `extend`), so
+a batch never idles on its longest answer.
+
+Samplers that run the model themselves (Entropix's branch rollouts and thinking
+insertion) get the model and a batch-1 cache of their row (`_RowCache`, built
+only if they touch it); when they hand back the state after their tokens
+(`Choice.advanced`), the row leaves the batch and re-enters with that cache,
+like a new prompt. A choice of several tokens without such a state is queued
+and fed one token per step.
+
+On the CPU backend MLX runs each stream's kernels on one thread, so the batch
+is split into one group per core, each with its own cache and stream: their
+forward passes run in parallel, and one group's sampler decisions (Python
+thread) overlap the others' forward passes.
+"""
+
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+from .cache import KVCache, evaluate, fork_cache, make_cache
+from .errors import ConfigError, ContextOverflowError
+from .samplers import Sampler, Step
+
+
+@dataclass
+class Request:
+    prompt: list[int]           # token ids, chat template applied
+    seed: int = 0               # the row's key chain starts at mx.random.key(seed), as in `generate`
+    max_tokens: int = 256
+
+
+@dataclass
+class RowResult:
+    tokens: list[int] = field(default_factory=list)
+    strategies: list[str] = field(default_factory=list)    # per generated token
+    logprobs: list = field(default_factory=list)          # nats; None where the sampler could not know it
+    finish_reason: str = "running"                         # "eos" or "length" when done
+    thinking_insertions: int = 0
+    prompt_tokens: int = 0
+
+
+class _RowCache(Sequence):
+    """One row of a group's BatchKVCache as a list of batch-1 `KVCache`s, made on
+    first use (most steps never touch it). The keys are lazy slices: reading
+    them copies nothing, and writes go to new arrays, never to the batch."""
+
+    def __init__(self, batch_cache, row: int, pad: int, length: int, max_size: int):
+        self._args = batch_cache, row, pad, length, max_size
+        self._layers = None
+
+    def _materialize(self):
+        if self._layers is None:
+            batch_cache, row, pad, length, max_size = self._args
+            self._layers = []
+            for c in batch_cache:
+                layer = KVCache(max_size)
+                layer.keys = c.keys[row:row + 1, :, pad:length]
+                layer.values = c.values[row:row + 1, :, pad:length]
+                layer.offset = length - pad
+                self._layers.append(layer)
+        return self._layers
+
+    def __getitem__(self, i):
+        return self._materialize()[i]
+
+    def __len__(self):
+        return len(self._args[0])
+
+
+class _Row:
+    def __init__(self, index: int, request: Request, sampler: Sampler):
+        self.index, self.request, self.sampler = index, request, sampler
+        self.key = mx.random.key(request.seed)
+        self.queue: deque = deque()       # (token, logprob, strategy) chosen but not yet fed
+        self.result = RowResult(prompt_tokens=len(request.prompt))
+        self.logits = self.scores = None  # the row's view of its last forward pass
+        self.own_cache = None             # set when the row's state lives outside the batch
+        sampler.reset()
+
+    def _record(self, token, logprob, strategy):
+        self.result.tokens.append(token)
+        self.result.logprobs.append(logprob)
+        self.result.strategies.append(strategy)
+
+    def step(self, eos: set, model, row_cache) -> int | None:
+        """One decision. Returns the token to feed next; None when the row has
+        finished or has advanced itself (then `own_cache` is set)."""
+        res, limit = self.result, self.request.max_tokens
+        if not self.queue:
+            # The key chain of `generate`: one split per sampler decision.
+            self.key, step_key = mx.random.split(self.key)
+            choice = self.sampler.choose(Step(self.logits, self.scores, res.tokens, model, row_cache), step_key)
+            res.thinking_insertions += bool(getattr(choice, "inserted", False))
+            tokens = choice.tokens[: limit - len(res.tokens)]
+            ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
+            if choice.advanced is not None and not ends:
+                for token, logprob in zip(tokens, choice.logprobs):
+                    self._record(token, logprob, choice.strategy)
+                cache, logits, scores = choice.advanced
+                self.own_cache = list(cache)
+                self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
+                return None
+            self.queue.extend((t, lp, choice.strategy) for t, lp in zip(tokens, choice.logprobs))
+        token, logprob, strategy = self.queue.popleft()
+        if token in eos:
+            res.finish_reason = "eos"
+            return None
+        self._record(token, logprob, strategy)
+        if len(res.tokens) >= limit:
+            res.finish_reason = "length"
+            return None
+        return token
+
+    @property
+    def finished(self) -> bool:
+        return self.result.finish_reason != "running"
+
+
+class _Group:
+    """Rows that share one batched forward pass, on one MLX stream."""
+
+    def __init__(self, samplers: list[Sampler], stream):
+        self.free = list(samplers)
+        self.stream = stream
+        self.rows: list[_Row] = []
+        self.cache = None      # per layer, a BatchKVCache over self.rows
+
+
+def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
+    """The row's prompt (after the shared prefix) into a batch-1 cache of its own.
+
+    Rows are prefilled one by one: on CPU that costs the same as padding them
+    into one batch (prefill is compute-bound there), and each row's prefill is
+    then the same computation as an unbatched run's."""
+    cache = fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
+    logits, scores = model(mx.array([row.request.prompt[prefix_len:]]), cache, last_only=True)
+    row.logits, row.scores = logits[0, -1], [s[0] for s in scores]
+    row.own_cache = cache
+
+
+def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_len: int):
+    """One decision per row of the group, then (asynchronously) the group's next
+    forward pass; rows that advanced themselves and waiting requests (into
+    freed slots) join the batch. Returns the rows that finished."""
+    cache, context = group.cache, model.args.max_position_embeddings
+    if cache is not None:
+        pads = cache[0].left_padding.tolist()
+        length = cache[0].keys_and_values()[0].shape[2]
+    tokens, keep, rejoin, done = [], [], [], []
+    for i, row in enumerate(group.rows):
+        row_cache = _RowCache(cache, i, pads[i], length, context) if cache is not None else None
+        token = row.step(eos, model, row_cache)
+        if token is not None:
+            tokens.append(token)
+            keep.append(i)
+        elif row.finished:
+            done.append(row)
+            group.free.append(row.sampler)
+        else:
+            rejoin.append(row)
+
+    with mx.stream(group.stream):
+        outputs = []
+        if keep:
+            if len(keep) < len(group.rows):
+                for c in cache:
+                    c.filter(mx.array(keep))
+                pads = cache[0].left_padding.tolist()
+                length = cache[0].keys_and_values()[0].shape[2]
+            key_mask = mx.arange(length + 1)[None] >= mx.array(pads)[:, None]
+            logits, scores = model(mx.array(tokens)[:, None], cache, key_mask=key_mask)
+            outputs += [logits, scores]
+        else:
+            cache = None
+        group.rows = [group.rows[i] for i in keep]
+        for i, row in enumerate(group.rows):
+            row.logits, row.scores = logits[i, -1], [s[i, :, pads[i]:] for s in scores]
+
+        while pending and group.free:
+            index, request = pending.popleft()
+            row = _Row(index, request, group.free.pop())
+            _prefill_row(model, row, prefix_cache, prefix_len)
+            rejoin.append(row)
+        if rejoin:
+            outputs += [(row.logits, row.scores) for row in rejoin]
+            merged = [BatchKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
+            for row in rejoin:
+                row.own_cache = None
+            if cache is None:
+                cache = merged
+            else:
+                for c, m in zip(cache, merged):
+                    c.extend(m)
+            group.rows += rejoin
+        group.cache = cache
+        if outputs:
+            mx.async_eval(outputs)
+    return done
+
+
+_STREAMS: list = []
+
+
+def _streams(n: int) -> list:
+    """n streams for the groups' forward passes. With several groups none is the
+    default stream: the samplers' small ops run there and must not queue behind
+    a group's forward pass. Streams are reused across calls (each holds a thread)."""
+    if n == 1:
+        return [mx.default_stream(mx.default_device())]
+    while len(_STREAMS) < n:
+        _STREAMS.append(mx.new_stream(mx.default_device()))
+    return _STREAMS[:n]
+
+
+def default_groups(batch_size: int) -> int:
+    """One group per CPU core on the CPU backend (its kernels are single-threaded);
+    one on a GPU, whose kernels already use the whole device."""
+    if mx.default_device() != mx.cpu:
+        return 1
+    return max(1, min(batch_size, os.cpu_count() or 1))
+
+
+def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Callable[[], Sampler],
+                   batch_size: int = 8, prefix: list[int] | None = None,
+                   groups: int | None = None) -> Iterator[tuple[int, RowResult, float]]:
+    """Answer every request; yields `(request index, result, seconds)` as rows
+    finish (not in request order). `seconds` is the wall time since the previous
+    yield, so the seconds of a whole run add up to its duration.
+
+    `prefix`: tokens every prompt starts with (e.g. the chat template's system
+    turn), run through the model once and shared by all rows. `groups`: how many
+    parallel streams the batch is split into (default: `default_groups`). One
+    sampler per batch slot, reset for each new request."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be at least 1, got {batch_size}")
+    eos = set(tokenizer.eos_token_ids)
+    context = model.args.max_position_embeddings
+    for r in requests:
+        if not r.prompt:
+            raise ConfigError("a prompt is empty; every request needs at least one token")
+        if len(r.prompt) + r.max_tokens > context:
+            raise ContextOverflowError(
+                f"a prompt of {len(r.prompt)} tokens plus {r.max_tokens} new tokens exceeds the "
+                f"model's context of {context}; lower --max-tokens or shorten the prompt")
+    prefix = list(prefix or [])
+    if prefix and any(len(r.prompt) <= len(prefix) or r.prompt[:len(prefix)] != prefix for r in requests):
+        raise ValueError("every prompt must start with the prefix and be longer than it")
+    prefix_cache = None
+    if prefix and requests:
+        prefix_cache = make_cache(model)
+        model(mx.array([prefix]), prefix_cache, last_only=True)
+        evaluate(prefix_cache)
+
+    batch_size = min(batch_size, max(1, len(requests)))
+    n_groups = min(groups or default_groups(batch_size), batch_size)
+    sizes = [batch_size // n_groups + (g < batch_size % n_groups) for g in range(n_groups)]
+    all_groups = [_Group([make_sampler() for _ in range(n)], s) for n, s in zip(sizes, _streams(n_groups))]
+    pending = deque(enumerate(requests))
+    last = time.perf_counter()
+    for group in all_groups:   # fill every slot before the first decision
+        _step(model, group, eos, pending, prefix_cache, len(prefix))
+    while any(g.rows for g in all_groups):
+        for group in all_groups:
+            for row in _step(model, group, eos, pending, prefix_cache, len(prefix)):
+                now = time.perf_counter()
+                yield row.index, row.result, now - last
+                last = now

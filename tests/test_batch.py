@@ -1,0 +1,219 @@
+"""Batched generation: every row must equal an unbatched `generate` run of the
+same prompt, sampler and seed, whatever the batch size, the grouping, the
+padding, and whichever rows finish or join along the way."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from conftest import make_tiny_model
+from entropix_mlx.batch import Request, generate_batch
+from entropix_mlx.config import SamplerConfig
+from entropix_mlx.entropix import EntropixSampler
+from entropix_mlx.errors import ContextOverflowError
+from entropix_mlx.generate import generate
+from entropix_mlx.samplers import Choice, GreedySampler, TemperatureSampler
+
+EOS = 2   # <|im_end|> in the tiny tokenizer
+
+
+def prompts_of(tokenizer, texts):
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+            for t in texts]
+
+
+TEXTS = ["hi", "What is 7 + 5?", "a somewhat longer question about nothing in particular", "ok?", "Tell me."]
+
+
+def make_model(seed=0, **overrides):
+    """A tiny model whose greedy answers differ from prompt to prompt (with tied
+    embeddings the random tiny model answers the same token to everything)."""
+    return make_tiny_model(seed, tie_word_embeddings=False, **overrides)
+
+
+def unbatched(model, tokenizer, prompt, sampler, max_tokens, seed):
+    return [e.token for e in generate(model, tokenizer, prompt, sampler, max_tokens=max_tokens, seed=seed)]
+
+
+def batched(model, tokenizer, requests, make_sampler, batch_size, **kw):
+    out = {}
+    for index, result, seconds in generate_batch(model, tokenizer, requests, make_sampler, batch_size, **kw):
+        assert index not in out and seconds >= 0
+        out[index] = result
+    assert sorted(out) == list(range(len(requests)))
+    return out
+
+
+class StopsEarly(GreedySampler):
+    """Greedy, but ends the answer (EOS) after a token divisible by 4 (from the
+    third on): rows finish at different steps, decided by their own history."""
+
+    def choose(self, step, key):
+        if len(step.tokens) >= 3 and step.tokens[-1] % 4 == 0:
+            return Choice([EOS], "stop", [0.0])
+        return super().choose(step, key)
+
+
+@pytest.mark.parametrize("batch_size, groups", [(1, 1), (3, 1), (3, 2), (8, 2), (8, 3)])
+def test_greedy_rows_equal_unbatched_runs(tiny_tokenizer, batch_size, groups):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS)
+    requests = [Request(p, seed=i, max_tokens=6 + 2 * i) for i, p in enumerate(prompts)]
+    out = batched(model, tiny_tokenizer, requests, GreedySampler, batch_size, groups=groups)
+    for i, (p, r) in enumerate(zip(prompts, requests)):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, r.seed)
+        assert out[i].finish_reason == "length" and len(out[i].tokens) == r.max_tokens
+
+
+def test_rows_that_stop_early_leave_the_batch_and_others_continue(tiny_tokenizer):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS + ["more", "and more prompts", "x"])
+    requests = [Request(p, seed=0, max_tokens=8) for p in prompts]
+    out = batched(model, tiny_tokenizer, requests, StopsEarly, 3, groups=1)
+    # Both kinds of ending, at several lengths: rows really leave mid-run.
+    assert {r.finish_reason for r in out.values()} == {"eos", "length"}
+    assert len({len(r.tokens) for r in out.values()}) >= 3
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, StopsEarly(), 8, 0)
+
+
+def test_sampled_rows_follow_their_own_seed(tiny_tokenizer):
+    """Per-row key chains: batched sampling reproduces unbatched sampling with
+    the same seed, and different seeds give different answers."""
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS)
+    requests = [Request(p, seed=100 + i, max_tokens=10) for i, p in enumerate(prompts)]
+    make = lambda: TemperatureSampler(temperature=1.0)  # noqa: E731
+    out = batched(model, tiny_tokenizer, requests, make, 4, groups=2)
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, make(), 10, 100 + i)
+    again = batched(model, tiny_tokenizer, [Request(r.prompt, r.seed + 1, 10) for r in requests], make, 4)
+    assert any(again[i].tokens != out[i].tokens for i in out)
+
+
+def test_a_shared_prefix_gives_the_same_answers(tiny_tokenizer):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS)
+    prefix = prompts[0][:5]
+    assert all(p[:5] == prefix for p in prompts)
+    requests = [Request(p, seed=i, max_tokens=8) for i, p in enumerate(prompts)]
+    out = batched(model, tiny_tokenizer, requests, GreedySampler, 3, prefix=prefix)
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), 8, i)
+    with pytest.raises(ValueError):
+        list(generate_batch(model, tiny_tokenizer, requests, GreedySampler, 3, prefix=[99, 98]))
+
+
+class RecordsScores(GreedySampler):
+    """Greedy, keeping the attention scores and logits it was shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def choose(self, step, key):
+        self.seen.append((np.array(step.logits), [np.array(s) for s in step.scores]))
+        return super().choose(step, key)
+
+
+def test_rows_see_their_own_scores_without_padding(tiny_tokenizer):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, ["hi", "a much longer prompt than the first one"])
+    assert len(prompts[0]) < len(prompts[1])     # row 0 is left-padded in the batch
+    samplers = []
+
+    def make():
+        samplers.append(RecordsScores())
+        return samplers[-1]
+
+    requests = [Request(p, 0, 5) for p in prompts]
+    out = batched(model, tiny_tokenizer, requests, make, 2, groups=1)
+    assert len(samplers) == 2 and all(len(s.seen) == 5 for s in samplers)   # one slot per row
+    for s in samplers:
+        # Which prompt the slot served: its first scores span exactly that prompt's keys.
+        width0 = s.seen[0][1][0].shape[-1]
+        i = [len(p) for p in prompts].index(width0)
+        ref = RecordsScores()
+        unbatched(model, tiny_tokenizer, prompts[i], ref, 5, 0)
+        for t, ((logits, scores), (ref_logits, ref_scores)) in enumerate(zip(s.seen, ref.seen)):
+            assert [x.shape for x in scores] == [(4, len(prompts[i]) + t)] * 2     # heads x real keys only
+            assert np.isfinite(np.concatenate([x.ravel() for x in scores])).all()
+            np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+            for a, b in zip(scores, ref_scores):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, prompts[i], GreedySampler(), 5, 0)
+
+
+class SaysThreeTokens(GreedySampler):
+    """Every other decision returns three tokens at once (as a thinking text
+    does) without running the model: the batch must queue and feed them."""
+
+    def reset(self):
+        self.n = 0
+
+    def choose(self, step, key):
+        self.n += 1
+        if self.n % 2:
+            return Choice([70, 71, 72], "think", [None, None, None])
+        return super().choose(step, key)
+
+
+def test_multi_token_choices_are_fed_one_per_step(tiny_tokenizer):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS[:3])
+    requests = [Request(p, 0, 10) for p in prompts]
+    out = batched(model, tiny_tokenizer, requests, SaysThreeTokens, 3)
+    for i, p in enumerate(prompts):
+        tokens = out[i].tokens
+        assert tokens[:3] == [70, 71, 72] and tokens[4:7] == [70, 71, 72] and len(tokens) == 10
+        assert out[i].strategies[:4] == ["think"] * 3 + ["argmax"]
+        assert tokens == unbatched(model, tiny_tokenizer, p, SaysThreeTokens(), 10, 0)
+
+
+def entropix(tokenizer, **changes):
+    return EntropixSampler(SamplerConfig(**changes), tokenizer)
+
+
+@pytest.mark.parametrize("changes", [
+    # branch at every step: rollouts on the row's own cache, accepted paths rejoin the batch
+    dict(strategies=("branch", "adaptive"), low_entropy=0.0, low_varentropy=0.0, medium_entropy=50.0,
+         high_entropy=100.0, high_varentropy=0.0, branch_rollout_tokens=2),
+    # think at every step: the thinking text is run by the sampler (Choice.advanced)
+    dict(strategies=("think", "adaptive"), low_entropy=0.0, medium_entropy=0.0, think_varentropy=1e9,
+         thinking_text=" (hm)"),
+    # the default decision table
+    dict(),
+])
+def test_entropix_rows_equal_unbatched_runs_even_when_the_sampler_runs_the_model(tiny_tokenizer, changes):
+    model = make_model()
+    prompts = prompts_of(tiny_tokenizer, TEXTS[:4])
+    requests = [Request(p, seed=7 + i, max_tokens=9) for i, p in enumerate(prompts)]
+    out = batched(model, tiny_tokenizer, requests, lambda: entropix(tiny_tokenizer, **changes), 3, groups=2)
+    strategies = set()
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, entropix(tiny_tokenizer, **changes), 9, 7 + i)
+        strategies.update(out[i].strategies)
+    if changes.get("strategies"):
+        assert changes["strategies"][0] in strategies
+    if "thinking_text" in changes:
+        assert any(r.thinking_insertions for r in out.values())
+
+
+def test_too_long_a_request_is_refused_before_any_work(tiny_tokenizer):
+    model = make_model(max_position_embeddings=32)
+    prompt = prompts_of(tiny_tokenizer, ["x" * 10])[0]
+    with pytest.raises(ContextOverflowError, match="context of 32"):
+        list(generate_batch(model, tiny_tokenizer, [Request(prompt, 0, 32)], GreedySampler))
+
+
+@pytest.mark.slow
+def test_real_model_greedy_rows_equal_unbatched_runs(smollm):
+    model, tokenizer = smollm
+    # Short raw prompts of different lengths (the chat template alone is 30 tokens).
+    prompts = [list(tokenizer.encode(t)) for t in ("The capital of France is", "One, two, three, four, five,")]
+    assert len(prompts[0]) != len(prompts[1])
+    requests = [Request(p, 0, 6) for p in prompts]
+    out = batched(model, tokenizer, requests, lambda: GreedySampler(metrics=False), 2, groups=1)
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model, tokenizer, p, GreedySampler(metrics=False), 6, 0)
+    assert "Paris" in tokenizer.decode(out[0].tokens) and "six" in tokenizer.decode(out[1].tokens)
