@@ -8,17 +8,25 @@ Three variants generate the same number of tokens from the same prompt:
   the engine itself costs: attention scores, the decode loop);
 - `entropix`: our engine with the full Entropix sampler.
 
-All three time the same things the same way, from outside: prefill tokens/s =
-prompt tokens / time to the first generated token; decode tokens/s = the
-other generated tokens / the time from the first to the last one. Every run
-generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set is
-emptied for the bench (the same switch for both engines), so neither stops early.
-Peak memory is the run's own weights plus the peak of what the run allocated
-(both models are loaded at once here, so the raw process peak would count
-the other model's weights too). Runs are interleaved and the order rotates
-each repeat, so machine noise hits all three alike; figures are medians.
-"""
+All three are timed the same way, from outside, on the tokens they stream:
+prefill tokens/s = prompt tokens / time to the first generated token; decode
+tokens/s = generated tokens / time, counted between consecutive tokens. Every
+run generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set
+is emptied for the bench (the same switch for both engines), so neither stops
+early.
 
+The three runs take turns, `CHUNK_TOKENS` tokens at a time, in an order that
+rotates every round, so load from other processes hits all three alike (on a
+shared machine it changes within seconds). At each switch the work a run left
+in flight (both engines start the next forward pass before handing out a
+token) finishes outside any timing, and the interval to a run's first token
+after a switch is not counted, so every counted interval is a steady-state step.
+
+Peak memory is the run's own weights and KV cache plus the peak of what it
+allocated while it ran: both models and all three caches are alive at once
+here, so the raw process peak would count the others too. Figures are medians
+over repeats.
+"""
 import statistics
 import time
 from contextlib import contextmanager
@@ -33,6 +41,7 @@ from .metrics import step_metrics
 from .samplers import Step, make_sampler
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
+CHUNK_TOKENS = 16   # tokens a run makes before the next one takes its turn
 
 # An open-ended passage: the bench continues it, so the Entropix sampler meets
 # both confident and uncertain steps (a repeated sentence would be all argmax).
@@ -81,47 +90,99 @@ def weights_bytes(model) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def _timed(stream, prompt_tokens: int, own_weights: int) -> RunResult:
-    """Drain a token stream, timing the first and the last token."""
+def synchronize():
+    """Wait for everything queued, on our stream and on mlx-lm's generation stream."""
+    from mlx_lm.generate import generation_stream
+
     mx.synchronize()
-    mx.clear_cache()
-    base = mx.get_active_memory()
-    mx.reset_peak_memory()
-    start = time.perf_counter()
-    first = last = None
-    n = 0
-    for _ in stream:
-        last = time.perf_counter()
-        if first is None:
-            first = last
-        n += 1
-    peak = mx.get_peak_memory()
-    mx.synchronize()   # mlx-lm leaves one step in flight: let it finish outside the timing
-    decode_time = last - first
-    return RunResult(
-        prefill_tps=prompt_tokens / (first - start),
-        decode_tps=(n - 1) / decode_time if n > 1 else 0.0,
-        peak_memory_gb=(own_weights + peak - base) / 1e9,
-        prompt_tokens=prompt_tokens,
-        gen_tokens=n,
-    )
+    mx.synchronize(generation_stream)
+
+
+def cache_bytes(cache) -> int:
+    return sum(c.nbytes for c in cache)
+
+
+class Run:
+    """One variant's token stream, advanced a chunk at a time (see the module doc)."""
+
+    def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, strategy_counts=None):
+        self.tokens = iter(tokens)
+        self.prompt_tokens, self.weights = prompt_tokens, weights
+        self.own_cache = own_cache                  # () -> the run's KV cache, as it is now
+        self.strategy_counts = strategy_counts or dict
+        self.generated = self.decode_steps = 0
+        self.first_token_s = None
+        self.decode_s = 0.0
+        self.peak_bytes = 0
+        self.done = False
+
+    def advance(self, n: int):
+        synchronize()
+        active = mx.get_active_memory()
+        own = self.weights + cache_bytes(self.own_cache())
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        stamps = []
+        for _ in range(n):
+            try:
+                next(self.tokens)
+            except StopIteration:
+                self.done = True
+                break
+            stamps.append(time.perf_counter())
+        peak = mx.get_peak_memory()
+        synchronize()   # work left in flight finishes outside the timing
+        if stamps:
+            if self.first_token_s is None:
+                self.first_token_s = stamps[0] - start
+            self.decode_s += stamps[-1] - stamps[0]
+            self.decode_steps += len(stamps) - 1
+            self.generated += len(stamps)
+        self.peak_bytes = max(self.peak_bytes, own + peak - active)
+
+    def result(self) -> RunResult:
+        return RunResult(
+            prefill_tps=self.prompt_tokens / self.first_token_s if self.first_token_s else 0.0,
+            decode_tps=self.decode_steps / self.decode_s if self.decode_s else 0.0,
+            peak_memory_gb=self.peak_bytes / 1e9,
+            prompt_tokens=self.prompt_tokens,
+            gen_tokens=self.generated,
+            strategy_counts=self.strategy_counts(),
+        )
+
+
+def start_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> Run:
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
+    stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, prompt_cache=cache)
+    return Run(stream, len(prompt), weights_bytes(model), lambda: cache)
+
+
+def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> Run:
+    generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
+    return Run(generation, len(prompt), weights_bytes(model), lambda: generation.cache,
+               lambda: generation.summary().strategy_counts)
+
+
+def run_to_end(run: Run) -> RunResult:
+    while not run.done:
+        run.advance(CHUNK_TOKENS)
+    return run.result()
 
 
 def run_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> RunResult:
-    from mlx_lm.generate import stream_generate
-
+    """One mlx-lm run on its own (the eos switch is set while it runs)."""
     with no_eos(tokenizer):
-        # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
-        stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens)
-        return _timed(stream, len(prompt), weights_bytes(model))
+        return run_to_end(start_mlx_lm(model, tokenizer, prompt, gen_tokens))
 
 
 def run_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> RunResult:
+    """One run of our engine on its own."""
     with no_eos(tokenizer):
-        generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
-        result = _timed(generation, len(prompt), weights_bytes(model))
-    result.strategy_counts = generation.summary().strategy_counts
-    return result
+        return run_to_end(start_entropix(model, tokenizer, prompt, gen_tokens, sampler, seed))
 
 
 def load_pair(ref: str | None):
@@ -150,10 +211,21 @@ def make_samplers(tokenizer, model_name: str | None):
     }
 
 
-def run_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) -> RunResult:
+def start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) -> Run:
     if name == "mlx_lm":
-        return run_mlx_lm(theirs, tokenizer, prompt, gen_tokens)
-    return run_entropix(ours, tokenizer, prompt, gen_tokens, samplers[name]())
+        return start_mlx_lm(theirs, tokenizer, prompt, gen_tokens)
+    return start_entropix(ours, tokenizer, prompt, gen_tokens, samplers[name]())
+
+
+def interleaved(runs: dict[str, Run], rounds_start: int = 0) -> None:
+    """Advance the runs a chunk each, in turn, the order rotating every round."""
+    names = list(runs)
+    r = rounds_start
+    while not all(run.done for run in runs.values()):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if not runs[name].done:
+                runs[name].advance(CHUNK_TOKENS)
+        r += 1
 
 
 def median_result(results: list[RunResult]) -> dict:
@@ -190,20 +262,24 @@ def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen
                           f"context holds {context}; ask for fewer tokens")
     samplers = make_samplers(tokenizer, model_name)
     prompt = bench_prompt(tokenizer, prompt_tokens)
-    if warmup:
-        # First calls pay for kernel set-up and mlx-lm's compiled sampler: not timed.
-        short = prompt[: min(prompt_tokens, 16)]
-        for name in VARIANTS:
-            if progress:
-                progress(f"warm-up {name}")
-            run_variant(name, ours, theirs, tokenizer, short, 4, samplers)
     runs = {name: [] for name in VARIANTS}
-    for r in range(repeats):
-        order = VARIANTS[r % 3:] + VARIANTS[: r % 3]
-        for name in order:
+    with no_eos(tokenizer):
+        if warmup:
+            # First calls pay for kernel set-up and mlx-lm's compiled sampler: not timed.
             if progress:
-                progress(f"repeat {r + 1}/{repeats}: {name}")
-            runs[name].append(run_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers))
+                progress("warm-up")
+            short = prompt[: min(prompt_tokens, 16)]
+            interleaved({name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers)
+                         for name in VARIANTS})
+        for r in range(repeats):
+            if progress:
+                progress(f"run {r + 1}/{repeats} (the three variants take turns)")
+            mx.clear_cache()
+            current = {name: start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers)
+                       for name in VARIANTS}
+            interleaved(current, rounds_start=r)
+            for name, run in current.items():
+                runs[name].append(run.result())
     results = {name: median_result(rs) for name, rs in runs.items()}
     return {
         "model": model_name,
@@ -225,7 +301,7 @@ def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, s
             seed: int = 0) -> dict:
     """Time the parts of one Entropix decode step, each evaluated on its own
     (MLX is lazy: a part's time is the time to build and evaluate it), over
-    `steps` steps after the prompt; medians in milliseconds.
+    `steps` steps after the prompt; medians and means in milliseconds.
 
     - model: our forward pass for one token, logits and attention scores;
     - metrics: the six metrics alone;

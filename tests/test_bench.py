@@ -83,6 +83,24 @@ def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
     assert tokenizer.eos_token_ids == {0}   # restored afterwards
 
 
+def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
+    log = []
+
+    def tokens(name, n):
+        for i in range(n):
+            log.append(name)
+            yield i
+
+    runs = {name: bench.Run(tokens(name, n), 4, 0, lambda: [])
+            for name, n in (("a", 2 * bench.CHUNK_TOKENS), ("b", 2 * bench.CHUNK_TOKENS), ("c", bench.CHUNK_TOKENS + 3))}
+    bench.interleaved(runs)
+    turns = [log[i] for i in range(0, len(log), bench.CHUNK_TOKENS)]
+    assert turns[:3] == ["a", "b", "c"] and turns[3:] == ["b", "c", "a"]   # round 2 starts one later
+    assert [runs[n].generated for n in "abc"] == [2 * bench.CHUNK_TOKENS, 2 * bench.CHUNK_TOKENS, bench.CHUNK_TOKENS + 3]
+    # Intervals are counted within a turn only: one fewer than the tokens of each turn.
+    assert [runs[n].decode_steps for n in "abc"] == [2 * (bench.CHUNK_TOKENS - 1)] * 2 + [bench.CHUNK_TOKENS + 1]
+
+
 def test_bench_prompt_has_exactly_the_requested_length(tiny_tokenizer):
     for n in (1, 7, 300, 2000):
         ids = bench.bench_prompt(tiny_tokenizer, n)
