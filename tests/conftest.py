@@ -26,10 +26,11 @@ def _byte_tokens():
     return [chars[b] for b in range(256)]
 
 
-def make_tiny_tokenizer():
+def make_tiny_tokenizer(**metadata_overrides):
     """A byte-level BPE tokenizer without merges: ids 0-2 are <|endoftext|>,
     <|im_start|>, <|im_end|>, then one token per byte. Built through the same
-    GGUF-metadata path as the bundled model's tokenizer."""
+    GGUF-metadata path as the bundled model's tokenizer; keyword arguments
+    replace GGUF tokenizer metadata entries (e.g. a Llama-3 pre-tokenizer)."""
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_tokens()
     metadata = {
         "tokenizer.ggml.model": "gpt2",
@@ -42,7 +43,7 @@ def make_tiny_tokenizer():
         "tokenizer.ggml.padding_token_id": mx.array(2),
         "tokenizer.chat_template": CHAT_TEMPLATE,
     }
-    return gguf_tokenizer(metadata, "tiny")
+    return gguf_tokenizer({**metadata, **metadata_overrides}, "tiny")
 
 
 TINY_CONFIG = dict(
@@ -77,3 +78,18 @@ def smollm():
     from entropix_mlx import load
 
     return load()
+
+
+@pytest.fixture
+def tiny_ref(tmp_path, monkeypatch):
+    """A model reference that the CLI resolves, in this process, to a tiny random
+    model (64-token context)."""
+    from cli import run as run_cmd
+    from entropix_mlx.loading import ModelSource
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"")
+    model = make_tiny_model(max_position_embeddings=64)
+    monkeypatch.setitem(run_cmd._MODELS, str(path), (model, make_tiny_tokenizer(),
+                                                     ModelSource(str(path), path, "gguf", "tiny")))
+    return str(path)

@@ -16,8 +16,7 @@ from typer.testing import CliRunner
 from cli import chat as chat_cmd
 from cli import models_cmd, run as run_cmd
 from cli.app import main
-from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.loading import ModelSource
+from conftest import make_tiny_tokenizer
 from entropix_mlx.samplers import GreedySampler
 
 ESC = "\x1b["
@@ -130,15 +129,6 @@ def test_models_lists_the_bundled_model_and_cards(tmp_path, monkeypatch):
 
 # -- chat on a tiny model: context overflow and Ctrl-C, without the real model ----
 
-@pytest.fixture
-def tiny_ref(tmp_path, monkeypatch):
-    """A model reference that the CLI resolves to a tiny random model (64-token context)."""
-    path = tmp_path / "tiny.gguf"
-    path.write_bytes(b"")
-    model = make_tiny_model(max_position_embeddings=64)
-    monkeypatch.setitem(run_cmd._MODELS, str(path), (model, make_tiny_tokenizer(),
-                                                     ModelSource(str(path), path, "gguf", "tiny")))
-    return str(path)
 
 
 def test_chat_says_when_the_context_is_full_and_reset_recovers(tiny_ref):

@@ -17,7 +17,6 @@ from entropix_mlx import calibrate as calibration
 from entropix_mlx.chat import Conversation
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
-from entropix_mlx.loading import ModelSource
 from entropix_mlx.samplers import Choice, GreedySampler
 from test_cli_run import cli_command, invoke, one_error_line
 from test_loading import GGUF_CONFIG, write_gguf
@@ -48,15 +47,6 @@ class ScriptedSampler:
         return Choice([token], "scripted", [self.logprob], dict(self.metrics))
 
 
-@pytest.fixture
-def tiny_ref(tmp_path, monkeypatch):
-    """A model reference the CLI resolves, in this process, to a tiny random model (64-token context)."""
-    path = tmp_path / "tiny.gguf"
-    path.write_bytes(b"")
-    model = make_tiny_model(max_position_embeddings=64)
-    monkeypatch.setitem(run_cmd._MODELS, str(path), (model, make_tiny_tokenizer(),
-                                                     ModelSource(str(path), path, "gguf", "tiny")))
-    return str(path)
 
 
 def use_sampler(monkeypatch, sampler):

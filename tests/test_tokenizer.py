@@ -117,23 +117,9 @@ def test_typed_control_token_in_user_text(tokenizer):
 
 def tiny_gguf_tokenizer(**metadata):
     """The tiny byte-level vocabulary with the given tokenizer metadata changed."""
-    import mlx.core as mx
+    from conftest import make_tiny_tokenizer
 
-    from conftest import CHAT_TEMPLATE, make_tiny_tokenizer
-    from entropix_mlx.gguf import gguf_tokenizer
-
-    tokens = make_tiny_tokenizer().convert_ids_to_tokens(list(range(259)))
-    base = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": [],
-        "tokenizer.ggml.token_type": mx.array([3, 3, 3] + [1] * 256),
-        "tokenizer.ggml.bos_token_id": mx.array(1),
-        "tokenizer.ggml.eos_token_id": mx.array(2),
-        "tokenizer.chat_template": CHAT_TEMPLATE,
-    }
-    return gguf_tokenizer({**base, **metadata}, "tiny")
+    return make_tiny_tokenizer(**metadata)
 
 
 def pre_tokens(tokenizer, text):
