@@ -15,7 +15,7 @@ A TOML file holds the same field names, either at top level or in a
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import ConfigError

@@ -14,7 +14,6 @@ import mlx.core as mx
 from .errors import ModelLoadError, UnsupportedModelError
 from .gguf_check import check_gguf
 
-GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama",)
 
 _LAYER_NAMES = {
@@ -39,11 +38,6 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-
-
-def is_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == GGUF_MAGIC
 
 
 def read_gguf(path: Path):
