@@ -41,7 +41,7 @@ from .metrics import step_metrics
 from .samplers import Step, make_sampler
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
-CHUNK_TOKENS = 16   # tokens a run makes before the next one takes its turn
+CHUNK_TOKENS = 8    # tokens a run makes before the next one takes its turn
 
 # An open-ended passage: the bench continues it, so the Entropix sampler meets
 # both confident and uncertain steps (a repeated sentence would be all argmax).
