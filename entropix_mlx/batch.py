@@ -29,9 +29,8 @@ thread) overlap the others' forward passes.
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache

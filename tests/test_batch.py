@@ -2,11 +2,10 @@
 same prompt, sampler and seed, whatever the batch size, the grouping, the
 padding, and whichever rows finish or join along the way."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
-
 from conftest import make_tiny_model
+
 from entropix_mlx.batch import Request, generate_batch
 from entropix_mlx.config import SamplerConfig
 from entropix_mlx.entropix import EntropixSampler
@@ -83,7 +82,7 @@ def test_sampled_rows_follow_their_own_seed(tiny_tokenizer):
     model = make_model()
     prompts = prompts_of(tiny_tokenizer, TEXTS)
     requests = [Request(p, seed=100 + i, max_tokens=10) for i, p in enumerate(prompts)]
-    make = lambda: TemperatureSampler(temperature=1.0)  # noqa: E731
+    make = lambda: TemperatureSampler(temperature=1.0)
     out = batched(model, tiny_tokenizer, requests, make, 4, groups=2)
     for i, p in enumerate(prompts):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, make(), 10, 100 + i)
@@ -176,13 +175,13 @@ def entropix(tokenizer, **changes):
 
 @pytest.mark.parametrize("changes", [
     # branch at every step: rollouts on the row's own cache, accepted paths rejoin the batch
-    dict(strategies=("branch", "adaptive"), low_entropy=0.0, low_varentropy=0.0, medium_entropy=50.0,
-         high_entropy=100.0, high_varentropy=0.0, branch_rollout_tokens=2),
+    {"strategies": ("branch", "adaptive"), "low_entropy": 0.0, "low_varentropy": 0.0, "medium_entropy": 50.0,
+     "high_entropy": 100.0, "high_varentropy": 0.0, "branch_rollout_tokens": 2},
     # think at every step: the thinking text is run by the sampler (Choice.advanced)
-    dict(strategies=("think", "adaptive"), low_entropy=0.0, medium_entropy=0.0, think_varentropy=1e9,
-         thinking_text=" (hm)"),
+    {"strategies": ("think", "adaptive"), "low_entropy": 0.0, "medium_entropy": 0.0, "think_varentropy": 1e9,
+     "thinking_text": " (hm)"},
     # the default decision table
-    dict(),
+    {},
 ])
 def test_entropix_rows_equal_unbatched_runs_even_when_the_sampler_runs_the_model(tiny_tokenizer, changes):
     model = make_model()

@@ -1,0 +1,167 @@
+"""`entropix-mlx eval TASKS.jsonl`: accuracy of each sampler, with intervals and
+a paired comparison against greedy. The table (or, with --json, one JSON object)
+goes to stdout; the progress bar goes to stderr."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from entropix_mlx.errors import ConfigError
+from entropix_mlx.loading import DEFAULT_MODEL, resolve
+from entropix_mlx.samplers import SAMPLER_NAMES
+
+# Defaults sized so that `eval --builtin --samplers greedy,entropix` (40 items,
+# 2 samplers) finishes in a few minutes on a 2-core CPU with the bundled model:
+# short answers need few tokens, and 8 rows per batch keep both cores busy.
+DEFAULT_MAX_TOKENS = 32
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_SAMPLERS = "greedy,entropix"
+
+
+def _samplers(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SAMPLER_NAMES]
+    if not names or unknown:
+        raise ConfigError(f"--samplers {value!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+                          f"give a comma-separated list of: {', '.join(SAMPLER_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
+def eval_command(
+    tasks: Annotated[Path | None, typer.Argument(
+        help="JSON Lines task file (question, answer, optional choices and prompt).", show_default=False)] = None,
+    builtin: Annotated[bool, typer.Option(
+        "--builtin", help="Use the built-in task file (40 short arithmetic and factual questions).")] = False,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", show_default=DEFAULT_MODEL,
+        help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
+    samplers: Annotated[str, typer.Option(
+        "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline).")]
+    = DEFAULT_SAMPLERS,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N items.")] = None,
+    seeds: Annotated[int, typer.Option(
+        "--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")] = 1,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**62, help="First run seed.")] = 0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens per answer.")]
+    = DEFAULT_MAX_TOKENS,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Answers decoded together (results do not depend on it).")] = DEFAULT_BATCH_SIZE,
+    config: Annotated[str | None, typer.Option(
+        "--config", show_default="the model card",
+        help="Entropix sampler settings: a TOML file or a preset (reference, calibrated).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw accuracy with 95% intervals to a PNG.")] = None,
+):
+    """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
+    tokens/s, strategy shares, and wins/losses/ties against greedy on the same
+    items with an exact sign-test (McNemar) p-value."""
+    from entropix_mlx import eval as ev
+
+    names = _samplers(samplers)
+    if builtin == (tasks is not None):
+        raise ConfigError("give a task file or --builtin (one of them)")
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
+        if plot.suffix.lower() != ".png":
+            raise ConfigError(f"--plot {plot}: give a file name ending in .png")
+    if config is not None and "entropix" not in names:
+        raise ConfigError("--config sets the entropix sampler, which --samplers does not include")
+    path = ev.builtin_tasks_path() if builtin else tasks
+    task_list = ev.load_tasks(path)[:limit]
+    source = resolve(model)
+    if "entropix" in names:   # a bad --config fails now, not after the model loads
+        from entropix_mlx.config import resolve_config
+
+        resolve_config(source.name, config)
+
+    from entropix_mlx.samplers import make_sampler
+
+    from .run import load_model
+
+    llm, tokenizer, source = load_model(model)
+
+    def factory(name):
+        return make_sampler(name, tokenizer=tokenizer, model_name=source.name,
+                            config=config if name == "entropix" else None, metrics=False)
+
+    cfg = ev.EvalConfig(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
+                        model_name=source.name, tasks_name="builtin" if builtin else Path(path).name)
+    try:
+        results = _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory)
+    except KeyboardInterrupt:
+        where = f"; the finished items are in {out}: run the same command again to continue" if out else \
+            "; pass --out DIR to keep finished items and resume"
+        print(f"\ninterrupted{where}", file=sys.stderr)
+        raise
+    if as_json:
+        print(json.dumps(results))
+    else:
+        print_table(results)
+    if plot is not None:
+        ev.plot(results, plot)
+        print(f"plot written to {plot}", file=sys.stderr)
+
+
+def _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory):
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        job = bar.add_task("starting", total=None)
+        first = {}
+
+        def progress(done, total, description):
+            if not first:
+                # Items already done (a resumed run) must not count towards the
+                # speed the ETA is computed from: start the bar after them.
+                first["done"] = done
+                bar.update(job, total=total - done, completed=0, description=description)
+            else:
+                bar.update(job, completed=done - first["done"], description=description)
+
+        return ev.run_eval(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
+
+
+def print_table(results: dict):
+    from rich.console import Console
+    from rich.table import Table
+
+    from entropix_mlx.eval import strategy_text, table_rows
+
+    rows = table_rows(results, strategies=False)
+    table = Table(title=f"{results['model']} on {results['tasks']}: {results['items']} items, "
+                        f"at most {results['max_tokens']} tokens per answer")
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column == "sampler" else "right",
+                         no_wrap=column in ("sampler", "tok/s", "p"))
+    for r in rows:
+        table.add_row(*r.values())
+    console = Console()
+    console.print(table)
+    for name, summary in results["samplers"].items():
+        text = strategy_text(name, summary)
+        if text:
+            console.print(f"{name} tokens by strategy: {text}")
+    console.print("tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
+                  "reverse / the same; p: exact two-sided sign test (McNemar).", style="dim")
+
+
+def register(app: typer.Typer):
+    app.command("eval")(eval_command)
