@@ -7,6 +7,7 @@ import json
 
 import mlx.core as mx
 import pytest
+from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
@@ -15,8 +16,6 @@ from entropix_mlx import bench
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
 from entropix_mlx.samplers import make_sampler
-
-from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 
 FIGURES = ("prefill_tps", "decode_tps", "peak_memory_gb")
 
@@ -91,7 +90,7 @@ def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
             log.append(name)
             yield i
 
-    runs = {name: bench.Run(tokens(name, n), 4, 0, lambda: [])
+    runs = {name: bench.Run(tokens(name, n), 4, 0, list)
             for name, n in (("a", 2 * bench.CHUNK_TOKENS), ("b", 2 * bench.CHUNK_TOKENS), ("c", bench.CHUNK_TOKENS + 3))}
     bench.interleaved(runs)
     turns = [log[i] for i in range(0, len(log), bench.CHUNK_TOKENS)]
