@@ -37,6 +37,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from .cache import KVCache, evaluate, fork_cache, make_cache
 from .errors import ConfigError, ContextOverflowError
+from .generate import prefill
 from .samplers import Sampler, Step
 
 
@@ -147,11 +148,11 @@ class _Group:
 def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
     """The row's prompt (after the shared prefix) into a batch-1 cache of its own.
 
-    Rows are prefilled one by one: on CPU that costs the same as padding them
-    into one batch (prefill is compute-bound there), and each row's prefill is
-    then the same computation as an unbatched run's."""
+    Rows are prefilled one by one, with `generate`'s own prefill: on CPU that
+    costs the same as padding them into one batch (prefill is compute-bound
+    there), and each row's prefill is the same computation as an unbatched run's."""
     cache = fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
-    logits, scores = model(mx.array([row.request.prompt[prefix_len:]]), cache, last_only=True)
+    logits, scores = prefill(model, row.request.prompt[prefix_len:], cache)
     row.logits, row.scores = logits[0, -1], [s[0] for s in scores]
     row.own_cache = cache
 
