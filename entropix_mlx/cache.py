@@ -60,3 +60,43 @@ def cache_length(cache: list[KVCache]) -> int:
 
 def evaluate(cache: list[KVCache]) -> None:
     mx.eval([c.keys for c in cache if c.keys is not None])
+
+
+class SharedPrefixCache:
+    """n rows that share one cache's prefix, for branch rollouts.
+
+    The prefix stays in the parent (batch 1, never copied or repeated); each row
+    stores only the positions it adds, in `room` preallocated slots. Forking the
+    parent n times instead would copy the whole cache n times per branch step.
+    """
+
+    def __init__(self, parent: KVCache, n: int, room: int):
+        self.start = self.offset = parent.offset
+        self.n = n
+        self.prefix_keys = parent.keys[..., : self.start, :]
+        self.prefix_values = parent.values[..., : self.start, :]
+        _, heads, _, dim = parent.keys.shape
+        self.keys = mx.zeros((n, heads, room, dim), parent.keys.dtype)
+        self.values = mx.zeros((n, heads, room, parent.values.shape[-1]), parent.values.dtype)
+
+    def update_and_fetch(self, keys, values):
+        written = self.offset - self.start
+        end = written + keys.shape[2]
+        self.keys[..., written:end, :] = keys
+        self.values[..., written:end, :] = values
+        self.offset += keys.shape[2]
+        prefix_shape = (self.n, *self.prefix_keys.shape[1:])
+        k = mx.concatenate([mx.broadcast_to(self.prefix_keys, prefix_shape), self.keys[..., :end, :]], axis=2)
+        v = mx.concatenate([mx.broadcast_to(self.prefix_values, (self.n, *self.prefix_values.shape[1:])),
+                            self.values[..., :end, :]], axis=2)
+        return k, v
+
+    def make_mask(self, n_queries, **kwargs):
+        if n_queries > 1:
+            raise ValueError("rollouts feed one token per row")
+        return None
+
+    def row(self, i: int):
+        """The keys and values row i added, to append to the parent."""
+        written = self.offset - self.start
+        return self.keys[i:i + 1, :, :written, :], self.values[i:i + 1, :, :written, :]

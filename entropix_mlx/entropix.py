@@ -45,6 +45,7 @@ import mlx.core as mx
 
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
+from .cache import SharedPrefixCache
 from .samplers import LOGIT_NOTES, Choice, Step, sanitize_logits
 
 NATS_TO_BITS = LOG2E
@@ -289,46 +290,32 @@ class EntropixSampler:
         return list(toks), [first_logprob] + rest.tolist(), (step.cache, last_logits, scores)
 
     def _branch(self, step: Step, cands: list[tuple[int, float]]):
-        """Roll every candidate out greedily on one batched fork of the cache;
-        accept the path with the highest total log-probability."""
+        """Roll every candidate out greedily, all rows in one batch over the
+        step's cache (shared, not copied); accept the path with the highest
+        total log-probability.
+
+        The rollout's last forward pass runs for the winner only, on the step's
+        own cache (after the winner's earlier rollout keys are appended to it):
+        the losers' last pass would be thrown away, and on a CPU a batch of n
+        rows costs nearly n single passes."""
         n, depth = len(cands), self.config.branch_rollout_tokens
-        fork = batched_fork(step.cache, n)
         path = [mx.array([t for t, _ in cands])]
         path_lps = [mx.array([lp for _, lp in cands])]               # nats, (n,) per position
-        logits, scores = step.model(path[0][:, None], fork)
+        rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
         for _ in range(depth - 1):
+            logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
             nxt = mx.argmax(lp, axis=-1)
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
-            logits, scores = step.model(nxt[:, None], fork)
         path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
-        mx.eval(path, path_lps, logits, scores)
-        best = int(mx.argmax(path_lps.sum(axis=1)).item())
-        winner = select_row(fork, best)
-        return (path[best].tolist(), path_lps[best].tolist(),
-                (winner, logits[best:best + 1, -1:, :], [s[best:best + 1] for s in scores]))
-
-
-def batched_fork(cache, n: int):
-    """Fork every layer's cache into a batch of n identical copies."""
-    forks = []
-    for layer in cache:
-        f = layer.fork()
-        if f.keys is not None and n > 1:
-            f.keys = mx.repeat(f.keys, n, axis=0)
-            f.values = mx.repeat(f.values, n, axis=0)
-        forks.append(f)
-    return forks
-
-
-def select_row(cache, row: int):
-    """Keep one batch row of a batched cache (as a new, batch-1 cache)."""
-    out = []
-    for layer in cache:
-        f = layer.fork()
-        if f.keys is not None:
-            f.keys, f.values = f.keys[row:row + 1], f.values[row:row + 1]
-        out.append(f)
-    return out
+        best = mx.argmax(path_lps.sum(axis=1))
+        mx.eval(path, path_lps, best)
+        best = best.item()
+        for layer, shared in zip(step.cache, rollout):
+            layer.update_and_fetch(*shared.row(best))
+        del rollout  # it references the prefix: appending to the cache while it lives would copy it
+        logits, scores = step.model(path[best:best + 1, -1:], step.cache)
+        mx.eval(logits, scores)
+        return path[best].tolist(), path_lps[best].tolist(), (step.cache, logits[:, -1:, :], scores)

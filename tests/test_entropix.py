@@ -288,9 +288,10 @@ def test_branch_rolls_out_candidates_and_keeps_the_most_likely_path():
     assert choice.tokens == best
     np.testing.assert_allclose(choice.logprobs, path_logprobs(model, prompt, best), atol=1e-4)
 
-    # The loop continues from the winner's cache; the original cache was not written.
+    # The loop continues on the step's own cache, which now holds the winner's path
+    # and nothing of the other candidates.
     new_cache, next_logits, next_scores = choice.advanced
-    assert cache_length(cache) == len(prompt) and cache_length(new_cache) == len(prompt) + 3
+    assert new_cache is cache and cache_length(cache) == len(prompt) + 3
     fresh, fresh_scores = model(mx.array([prompt + best]))
     np.testing.assert_allclose(np.array(next_logits[0, -1]), np.array(fresh[0, -1]), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.array(next_scores[-1]), np.array(fresh_scores[-1]), rtol=1e-4, atol=1e-4)
