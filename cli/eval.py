@@ -66,12 +66,12 @@ def eval_command(
     if builtin == (tasks is not None):
         raise ConfigError("give a task file or --builtin (one of them)")
     if plot is not None:
+        if plot.suffix.lower() != ".png":
+            raise ConfigError(f"--plot {plot}: give a file name ending in .png")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
-        if plot.suffix.lower() != ".png":
-            raise ConfigError(f"--plot {plot}: give a file name ending in .png")
     if config is not None and "entropix" not in names:
         raise ConfigError("--config sets the entropix sampler, which --samplers does not include")
     path = ev.builtin_tasks_path() if builtin else tasks

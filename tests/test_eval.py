@@ -386,7 +386,6 @@ def test_eval_command_json_and_out(tiny_ref, tmp_path):
 
 
 def test_eval_command_table_and_plot(tiny_ref, tmp_path):
-    pytest.importorskip("matplotlib")
     tasks = write_tasks(tmp_path / "t.jsonl")
     png = tmp_path / "acc.png"
     code, out, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy,temperature", "--max-tokens", "3",
@@ -450,3 +449,11 @@ def test_builtin_eval_on_the_bundled_model(tmp_path):
     assert greedy["question"] == "What is 2 + 3?" and greedy["tokens"] >= 1
     shares = results["samplers"]["entropix"]["strategy_share"]
     assert shares and abs(sum(shares.values()) - 1) < 1e-9
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    code, _, err = invoke("eval", "--builtin", "--plot", "acc.png")
+    assert code == 2
+    assert "pip install 'entropix-mlx[plot]'" in one_error_line(err)
