@@ -416,12 +416,6 @@ def test_eval_command_errors_are_one_line(args, message, tmp_path, monkeypatch):
     assert message in one_error_line(err)
 
 
-def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)    # import matplotlib -> ImportError
-    code, _, err = invoke("eval", "--builtin", "--plot", "acc.png")
-    assert code == 2 and "pip install 'entropix-mlx[plot]'" in one_error_line(err)
-
-
 def test_ctrl_c_says_how_to_resume(tiny_ref, tmp_path, monkeypatch):
     tasks = write_tasks(tmp_path / "t.jsonl")
     real = ev.run_eval
