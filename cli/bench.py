@@ -6,7 +6,10 @@ from typing import Annotated
 
 import typer
 
+from entropix_mlx.backend import default_weights
 from entropix_mlx.loading import DEFAULT_MODEL
+
+from .run import WeightsOpt
 
 # Defaults fit in about 3 minutes on a 2-core CPU with the bundled model (a decode
 # step there is ~150 ms, a prompt token about as much): 3 variants x 2 repeats x
@@ -30,6 +33,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of a table.")] = False,
     profile: Annotated[bool, typer.Option(
         "--profile", help=f"Also time the parts of one Entropix decode step (over {PROFILE_STEPS} steps).")] = False,
+    weights: WeightsOpt = default_weights(),
 ):
     """Prefill and decode speed and peak memory: mlx-lm's own generation, our
     engine with the greedy sampler, our engine with the Entropix sampler."""
@@ -39,7 +43,7 @@ def bench(
         if sys.stderr.isatty():
             print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
-    ours, theirs, tokenizer, source = benchmark.load_pair(model)
+    ours, theirs, tokenizer, source = benchmark.load_pair(model, weights)
     result = benchmark.bench(ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats,
                              progress=progress)
     if profile:
@@ -57,6 +61,9 @@ def print_tables(result: dict):
     from rich.table import Table
 
     console = Console()
+    paths = result.get("paths")
+    if paths:
+        console.print(f"mlx_lm: {paths['mlx_lm']}\nentropix: {paths['entropix']}")
     table = Table(title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
                         f"generated, medians of {result['mlx_lm']['runs']} runs")
     for column in ("", "prefill tok/s", "decode tok/s", "peak GB"):

@@ -8,10 +8,11 @@ from typing import Annotated
 
 import typer
 
+from entropix_mlx.backend import default_weights
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import DEFAULT_MODEL
 
-from .run import warm_up_compiler
+from .run import WeightsOpt, warm_up_compiler
 from .signals import exit_code
 
 
@@ -23,6 +24,7 @@ def calibrate(
         "--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens generated per prompt.")] = 24,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed of the sampled answers.")] = 0,
+    weights: WeightsOpt = default_weights(),
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU)."""
     from entropix_mlx.calibrate import PROMPTS, QUANTILES, calibrate as run_calibration
@@ -30,7 +32,7 @@ def calibrate(
     from entropix_mlx.loading import load, resolve
 
     check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
-    llm, tokenizer, source = load(model, return_source=True)
+    llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()   # so that Ctrl-C works from the first prompt on (see cli/run.py)
 
     def progress(i, n):

@@ -20,7 +20,8 @@ from . import render
 from .signals import Terminated
 from .run import (DEFAULT_SEED, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
                   SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
-                  load_model)
+                  WeightsOpt, load_model)
+from entropix_mlx.backend import default_weights
 
 COMMANDS = {
     "/help": "show the commands",
@@ -55,7 +56,7 @@ class ChatSession:
         self.out.print(text, style=render.META_STYLE)
 
     def show_sampler(self):
-        self.meta(header(self.source, self.sampler, self.next_seed))
+        self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model))
         if self.color:
             self.out.print(render.legend(render.sampler_strategies(self.sampler)))
 
@@ -235,11 +236,12 @@ def chat(model: ModelOpt = None,
          top_p: TopPOpt = None,
          top_k: TopKOpt = None,
          min_p: MinPOpt = None,
-         no_color: NoColorOpt = False):
+         no_color: NoColorOpt = False,
+         weights: WeightsOpt = default_weights()):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, **overrides)
-    llm, tokenizer, source = load_model(model)
+    llm, tokenizer, source = load_model(model, weights)
     options = {"config": config, **overrides}
     session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
     try:

@@ -9,9 +9,12 @@ from typing import Annotated
 
 import typer
 
+from entropix_mlx.backend import default_weights
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import DEFAULT_MODEL, resolve
 from entropix_mlx.samplers import SAMPLER_NAMES
+
+from .run import WeightsOpt
 
 # Defaults sized so that `eval --builtin --samplers greedy,entropix` (40 items,
 # 2 samplers) finishes in a few minutes on a 2-core CPU with the bundled model:
@@ -56,6 +59,7 @@ def eval_command(
     out: Annotated[Path | None, typer.Option(
         "--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw accuracy with 95% intervals to a PNG.")] = None,
+    weights: WeightsOpt = default_weights(),
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
     tokens/s, strategy shares, and wins/losses/ties against greedy on the same
@@ -86,7 +90,7 @@ def eval_command(
 
     from .run import load_model
 
-    llm, tokenizer, source = load_model(model)
+    llm, tokenizer, source = load_model(model, weights)
 
     def factory(name):
         return make_sampler(name, tokenizer=tokenizer, model_name=source.name,

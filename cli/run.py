@@ -15,6 +15,8 @@ from typing import Annotated
 import mlx.core as mx
 import typer
 
+from entropix_mlx import backend
+from entropix_mlx.backend import WEIGHT_FORMATS, default_weights
 from entropix_mlx.config import PRESETS, resolve_config
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.generate import generate
@@ -27,15 +29,15 @@ from .signals import exit_code
 
 DEFAULT_SEED = 0   # a fixed default: the same command gives the same answer; pass --seed to vary it
 
-# Loaded models, by resolved path: tests and the chat command reuse them in-process.
-_MODELS: dict[str, tuple] = {}
+# Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
+_MODELS: dict[tuple[str, str], tuple] = {}
 
 
-def load_model(ref: str | None):
+def load_model(ref: str | None, weights: str = "auto"):
     """(model, tokenizer, source), loaded once per process."""
-    key = str(resolve(ref).path)
+    key = (str(resolve(ref).path), weights)
     if key not in _MODELS:
-        _MODELS[key] = load(ref, return_source=True)
+        _MODELS[key] = load(ref, return_source=True, weights=weights)
         warm_up_compiler()
     return _MODELS[key]
 
@@ -51,6 +53,12 @@ def warm_up_compiler():
     it runs: a Ctrl-C in that moment, the start of the first prefill, was lost.
     One tiny compiled kernel now moves that moment into the model load."""
     mx.eval(_fused(mx.array([1.0])))
+
+
+def _check_weights(value: str) -> str:
+    if value not in WEIGHT_FORMATS:
+        raise typer.BadParameter(f"'{value}' is not a weight format; choose one of: {', '.join(WEIGHT_FORMATS)}")
+    return value
 
 
 def _check_sampler(name: str) -> str:
@@ -109,6 +117,10 @@ MinPOpt = Annotated[float | None, typer.Option(
     "--min-p", callback=_check_min_p,
     help="In [0, 1): drop tokens less likely than min_p × the top token's probability.")]
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
+WeightsOpt = Annotated[str, typer.Option(
+    "--weights", callback=_check_weights, show_default="auto, or $ENTROPIX_WEIGHTS",
+    help="auto: float32 on the CPU (fast with a system OpenBLAS), the file's own format on a GPU; "
+         "native: the file's format; float32: dequantize once at load.")]
 
 
 def check_options(sampler: str, config: str | None, model: str | None, **overrides) -> str | None:
@@ -137,8 +149,8 @@ def build_sampler(name, tokenizer, model_name, config=None, **overrides):
                         config=config if name == "entropix" else None, **overrides)
 
 
-def header(source, sampler, seed: int) -> str:
-    parts = [source.name, f"sampler {sampler.name}"]
+def header(source, sampler, seed: int, model=None) -> str:
+    parts = [source.name] + ([backend.describe(model)] if model is not None else []) + [f"sampler {sampler.name}"]
     config_source = getattr(sampler, "config_source", None)   # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
@@ -217,14 +229,15 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
         raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
         json_lines: Annotated[bool, typer.Option(
             "--json", help="JSON Lines on stdout: one object per token, then {\"summary\": ...}.")] = False,
-        no_color: NoColorOpt = False):
+        no_color: NoColorOpt = False,
+        weights: WeightsOpt = default_weights()):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, **overrides)
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")
     text = read_prompt(prompt)
-    llm, tokenizer, source = load_model(model)
+    llm, tokenizer, source = load_model(model, weights)
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
     ids = prompt_tokens(tokenizer, text, system, raw)
     context = llm.args.max_position_embeddings
@@ -247,7 +260,7 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
     try:
         try:
             if not json_lines:
-                err.print(header(source, chooser, seed), style=render.META_STYLE)
+                err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
                 if color:
                     err.print(render.legend(render.sampler_strategies(chooser)))
             for event in generation:

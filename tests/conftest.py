@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random-weight Llama models (milliseconds) and, for the
 few integration tests, the real bundled model (loaded once per session)."""
 
+import entropix_mlx  # noqa: F401  (first: it loads the system BLAS before mlx.core binds its own)
 import mlx.core as mx
 import pytest
 
@@ -74,10 +75,19 @@ def tiny_tokenizer():
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The real bundled model: (model, tokenizer). Loaded once (about 2 s)."""
+    """The real bundled model as users get it by default (`--weights auto`: float32
+    weights on the CPU): (model, tokenizer). Loaded once (about 2 s)."""
     from entropix_mlx import load
 
     return load()
+
+
+@pytest.fixture(scope="session")
+def smollm_native():
+    """The bundled model in its file's own format (Q4_1), as mlx-lm runs it."""
+    from entropix_mlx import load
+
+    return load(weights="native")
 
 
 @pytest.fixture
@@ -90,6 +100,6 @@ def tiny_ref(tmp_path, monkeypatch):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
     model = make_tiny_model(max_position_embeddings=64)
-    monkeypatch.setitem(run_cmd._MODELS, str(path), (model, make_tiny_tokenizer(),
+    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (model, make_tiny_tokenizer(),
                                                      ModelSource(str(path), path, "gguf", "tiny")))
     return str(path)

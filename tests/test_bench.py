@@ -147,10 +147,27 @@ def test_cli_rejects_one_generated_token(capsys):
 @pytest.mark.slow
 def test_cli_json_on_the_bundled_model(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--prompt-tokens", "8", "--gen-tokens", "4", "--repeats", "1", "--json"])
+        main(["bench", "--prompt-tokens", "8", "--gen-tokens", "4", "--repeats", "1", "--json", "--weights", "native"])
     assert exit_.value.code == 0
     result = json.loads(capsys.readouterr().out)
     check_result(result, 8, 4, runs=1)
     assert result["model"] == "smollm2-135m"
+    assert result["paths"]["entropix"] == result["paths"]["mlx_lm"].removesuffix(" · MLX quantized matmul")
     # mlx-lm's model and ours hold the same weights: same footprint within the cache's growth step.
     assert result["entropix_greedy"]["peak_memory_gb"] == pytest.approx(result["mlx_lm"]["peak_memory_gb"], rel=0.2)
+
+
+def test_compute_paths_name_each_side():
+    import mlx.nn as nn
+
+    from entropix_mlx.backend import blas_name, to_float32
+    from entropix_mlx.bench import compute_paths
+
+    from conftest import make_tiny_model
+
+    theirs = make_tiny_model()
+    nn.quantize(theirs, group_size=32, bits=4)
+    ours = to_float32(make_tiny_model())
+    paths = compute_paths(ours, theirs)
+    assert paths == {"mlx_lm": "cpu · native 4-bit weights · MLX quantized matmul",
+                     "entropix": f"cpu · float32 weights · {blas_name()}", "blas": blas_name()}

@@ -91,7 +91,7 @@ def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, ca
 
     model = make_tiny_model()
     monkeypatch.setattr("entropix_mlx.loading.load",
-                        lambda ref, return_source=False: (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
+                        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:

@@ -368,7 +368,7 @@ def tiny_ref(tmp_path, monkeypatch, tiny):
     """A --model reference the CLI resolves to the tiny model."""
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
-    monkeypatch.setitem(run_cmd._MODELS, str(path), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
+    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
     return str(path)
 
 

@@ -90,7 +90,7 @@ def test_hf_directory_matches_mlx_lm_load(hf_dir, source_model):
 def test_hf_quantized_directory_matches_mlx_lm_load(hf_quantized_dir, source_model):
     from mlx_lm.utils import load as mlx_lm_load
 
-    model, _ = load(str(hf_quantized_dir))
+    model, _ = load(str(hf_quantized_dir), weights="native")
     reference, _ = mlx_lm_load(str(hf_quantized_dir))
     assert isinstance(model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     assert model.layers[0].self_attn.q_proj.bits == 4 and model.layers[0].self_attn.q_proj.group_size == 32
@@ -203,7 +203,7 @@ def test_gguf_matches_same_weights_built_directly(tmp_path, dtype, tied):
     source.model.embed_tokens.weight = source.model.embed_tokens.weight * 8
     path = write_gguf(tmp_path / "tiny.gguf", source, config, dtype)
 
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path), weights="native")
     args = model.args
     assert (args.hidden_size, args.num_hidden_layers, args.intermediate_size) == (64, 2, 96)
     assert (args.num_attention_heads, args.num_key_value_heads, args.head_dim) == (4, 2, 24)
@@ -264,8 +264,8 @@ def test_bundled_model_is_found_through_the_package():
 
 
 @pytest.mark.slow
-def test_bundled_hyper_parameters_come_from_metadata(smollm):
-    model, _ = smollm
+def test_bundled_hyper_parameters_come_from_metadata(smollm_native):
+    model, _ = smollm_native
     a = model.args
     assert (a.num_hidden_layers, a.num_attention_heads, a.num_key_value_heads) == (30, 9, 3)
     assert (a.hidden_size, a.vocab_size, a.head_dim) == (576, 49152, 64)

@@ -255,12 +255,12 @@ def mlx_lm_bundled():
 
 
 @pytest.mark.slow
-def test_bundled_logits_match_mlx_lm(smollm, mlx_lm_bundled):
+def test_bundled_logits_match_mlx_lm(smollm_native, mlx_lm_bundled):
     """Prefill and 20 greedy decode steps: max |logit difference| < 1e-2 and the
     same argmax at every step; scores grow by one key per step."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = smollm
+    model, tokenizer = smollm_native
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True)
     cache, ref_cache = make_cache(model), make_prompt_cache(mlx_lm_bundled)
@@ -279,12 +279,12 @@ def test_bundled_logits_match_mlx_lm(smollm, mlx_lm_bundled):
 
 
 @pytest.mark.slow
-def test_bundled_greedy_continuations_match_mlx_lm(smollm, mlx_lm_bundled):
+def test_bundled_greedy_continuations_match_mlx_lm(smollm_native, mlx_lm_bundled):
     """Our decode loop with GreedySampler gives the same tokens as mlx-lm's
     `stream_generate` (greedy) on mlx-lm's model, for several prompts."""
     from mlx_lm import stream_generate
 
-    model, tokenizer = smollm
+    model, tokenizer = smollm_native
     # Raw text, not the chat template: on MLX's CPU backend a prompt token costs
     # about as much as a decode step, and the template adds a 30-token preamble
     # (the logits test above already runs the chat template).

@@ -1,0 +1,197 @@
+"""Which compute path runs: the BLAS MLX's CPU backend calls, and the weight format.
+
+On Linux, MLX runs on its CPU backend. There its quantized matmul is the
+bottleneck (a 4-bit matmul costs the same per row whatever the batch), while a
+float32 matmul goes to `cblas_sgemm`. The `mlx[cpu]` wheel links a slow
+reference BLAS; a system OpenBLAS is 5-10x faster. Loading it with
+`RTLD_GLOBAL` *before* `mlx.core` is first imported puts its `cblas_sgemm` first
+in the process's global symbol scope, so MLX's calls resolve to it: no
+`LD_PRELOAD`, no rebuild. So this module must not import MLX at module level,
+and `entropix_mlx/__init__.py` calls `load_blas()` before anything else.
+
+Weights: `native` keeps the file's format (quantized stays quantized);
+`float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
+for all rows of a batch); `auto` picks float32 on the CPU device when the
+float32 weights fit `FLOAT32_BUDGET_BYTES`, native otherwise, and always native
+on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
+
+Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
+nothing; `ENTROPIX_WEIGHTS` = the default for `--weights`.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import sys
+from pathlib import Path
+
+WEIGHT_FORMATS = ("auto", "native", "float32")
+
+# float32 weights of up to 4 GB (a ~1B model): on CPU they decode faster than
+# quantized ones, and a laptop has room for them. Larger models stay native.
+FLOAT32_BUDGET_BYTES = 4 * 1024**3
+
+# Where distributions put OpenBLAS (the pthread build first: it uses every core).
+_ARCH = platform.machine()
+OPENBLAS_CANDIDATES = (
+    f"/usr/lib/{_ARCH}-linux-gnu/openblas-pthread/libopenblas.so.0",   # Debian, Ubuntu
+    f"/usr/lib/{_ARCH}-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblasp.so.0",                                      # Fedora (pthread)
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",                                         # Arch
+    "/usr/lib/libopenblas.so",
+)
+
+_blas: dict = {"name": None, "path": None, "reason": "not loaded yet"}
+
+
+def load_blas() -> dict:
+    """Load a system OpenBLAS into the global symbol scope, once, before MLX.
+    Never fails: without one, MLX keeps its own BLAS. Returns `blas_info()`."""
+    if _blas["reason"] != "not loaded yet":
+        return blas_info()
+    if sys.platform != "linux":
+        _blas.update(reason="not Linux: MLX uses the platform's BLAS (Accelerate on macOS)")
+        return blas_info()
+    if "mlx.core" in sys.modules:
+        _blas.update(reason="mlx.core was imported before entropix_mlx; its BLAS is already bound")
+        return blas_info()
+    wanted = os.environ.get("ENTROPIX_BLAS", "").strip()
+    if wanted.lower() in ("none", "off", "0", "false"):
+        _blas.update(reason="ENTROPIX_BLAS=none")
+        return blas_info()
+    candidates = [wanted] if wanted else [*OPENBLAS_CANDIDATES, ctypes.util.find_library("openblas")]
+    for path in candidates:
+        if not path or (os.sep in path and not Path(path).exists()):
+            continue
+        try:
+            library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            library.cblas_sgemm   # noqa: B018  (an OpenBLAS without CBLAS would not help)
+        except (OSError, AttributeError):
+            continue
+        _blas.update(name="OpenBLAS", path=path, reason="")
+        return blas_info()
+    _blas.update(reason=f"ENTROPIX_BLAS={wanted} could not be loaded" if wanted
+                 else "no system OpenBLAS found (Debian/Ubuntu: apt install libopenblas0-pthread)")
+    return blas_info()
+
+
+def blas_info() -> dict:
+    """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, ""}."""
+    return dict(_blas)
+
+
+def blas_name() -> str:
+    """What MLX's float32 matmul calls: 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
+    if _blas["name"]:
+        return _blas["name"]
+    return "Accelerate" if sys.platform == "darwin" else "MLX's BLAS"
+
+
+def default_weights() -> str:
+    value = os.environ.get("ENTROPIX_WEIGHTS", "auto").strip().lower() or "auto"
+    return value
+
+
+def check_weights(value: str) -> str:
+    from .errors import ConfigError
+
+    if value not in WEIGHT_FORMATS:
+        raise ConfigError(f"'{value}' is not a weight format; use one of: {', '.join(WEIGHT_FORMATS)}")
+    return value
+
+
+def float32_bytes(model) -> int:
+    """What the model's weights take once dequantized to float32."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    quantized = {name: m.bits for name, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    total = 0
+    for name, value in tree_flatten(model.parameters()):
+        owner, _, leaf = name.rpartition(".")
+        if owner in quantized:
+            if leaf == "weight":   # packed: 32 // bits values per uint32
+                total += value.size * (32 // quantized[owner]) * 4
+            elif leaf == "bias":
+                total += value.size * 4
+            continue               # scales and biases of the quantization go away
+        total += value.size * 4
+    return total
+
+
+def choose_weights(requested: str, model) -> str:
+    """`native` or `float32` for this model on this device."""
+    import mlx.core as mx
+
+    requested = check_weights(requested)
+    if requested != "auto":
+        return requested
+    if mx.default_device() != mx.cpu:
+        return "native"
+    return "float32" if float32_bytes(model) <= FLOAT32_BUDGET_BYTES else "native"
+
+
+def to_float32(model):
+    """Dequantize every quantized layer once and cast all weights to float32, in
+    place: each matmul then runs as a BLAS GEMM. Returns the model."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replacements = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        # float32 scales and biases: dequantizing in their float16 would round
+        # every weight to float16 (~1e-2 on a logit).
+        biases = module.get("biases")
+        weight = mx.dequantize(module.weight, module.scales.astype(mx.float32),
+                               None if biases is None else biases.astype(mx.float32),
+                               module.group_size, module.bits, mode=getattr(module, "mode", "affine"))
+        if isinstance(module, nn.QuantizedLinear):
+            has_bias = "bias" in module
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+            if has_bias:
+                layer.bias = module.bias
+        else:
+            layer = nn.Embedding(*weight.shape)
+        layer.weight = weight
+        replacements.append((name, layer))
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def weights_format(model) -> str:
+    """What the loaded model holds: 'float32', or the native format (e.g. '4-bit')."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    bits = sorted({m.bits for _, m in model.named_modules()
+                   if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+    if bits:
+        return "native " + "/".join(f"{b}-bit" for b in bits)
+    dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in tree_flatten(model.parameters())})
+    return "/".join(dtypes)
+
+
+def gemm_uses_all_cores(model) -> bool:
+    """Float32 weights with OpenBLAS: every matmul is a multi-threaded GEMM."""
+    return blas_info()["name"] == "OpenBLAS" and weights_format(model).startswith("float32")
+
+
+def describe(model) -> str:
+    """One line for headers: e.g. 'cpu · float32 weights · OpenBLAS'."""
+    import mlx.core as mx
+
+    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+    fmt = weights_format(model)
+    text = f"{device} · {fmt} weights"
+    if device == "cpu" and fmt.startswith("float32"):
+        text += f" · {blas_name()}"
+    return text
