@@ -19,6 +19,22 @@ except ImportError:
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Entropy-aware sampling for Llama-family models on MLX.")
 
+
+def _print_version(value: bool):
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            print(f"entropix-mlx {version('entropix-mlx')}")
+        except PackageNotFoundError:   # a checkout used without installing it
+            print("entropix-mlx (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")):
+    """Entropy-aware sampling for Llama-family models on MLX."""
+
 from . import run as _run  # noqa: E402  (each module registers its command on `app`)
 from . import chat as _chat  # noqa: E402
 from . import models_cmd as _models  # noqa: E402

@@ -14,7 +14,8 @@ import typer
 
 from entropix_mlx.chat import Conversation
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
-from entropix_mlx.samplers import SAMPLER_NAMES
+from entropix_mlx.files import write_atomic
+from entropix_mlx.sampler_registry import SAMPLER_NAMES
 
 from . import render
 from .signals import Terminated
@@ -218,7 +219,7 @@ class ChatSession:
                 **self.conversation.transcript()}
         path = Path(arg).expanduser()
         try:
-            path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         except OSError as e:
             self.meta(f"error: cannot write {path}: {e.strerror or e}; choose a folder that exists and is "
                       "writable (the conversation is kept)")

@@ -12,7 +12,7 @@ import typer
 from entropix_mlx.backend import default_weights
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import DEFAULT_MODEL, resolve
-from entropix_mlx.samplers import SAMPLER_NAMES
+from entropix_mlx.sampler_registry import SAMPLER_NAMES
 
 from .run import WeightsOpt
 
@@ -86,7 +86,7 @@ def eval_command(
 
         resolve_config(source.name, config)
 
-    from entropix_mlx.samplers import make_sampler
+    from entropix_mlx.sampler_registry import make_sampler
 
     from .run import load_model
 

@@ -22,7 +22,7 @@ from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.generate import generate
 from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
 from entropix_mlx.prompt import encode_chat, encode_raw
-from entropix_mlx.samplers import SAMPLER_NAMES, make_sampler
+from entropix_mlx.sampler_registry import SAMPLER_NAMES, make_sampler
 
 from . import render
 from .signals import exit_code

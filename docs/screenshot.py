@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli import render
-from cli.run import build_sampler, header, load_model, prompt_tokens
+from entropix_mlx.cli import render
+from entropix_mlx.cli.run import build_sampler, header, load_model, prompt_tokens
 from entropix_mlx.generate import generate
 
 PROMPT = "Why is the sky blue?"

@@ -38,7 +38,8 @@ from mlx.utils import tree_flatten
 from .errors import ConfigError
 from .generate import generate
 from .metrics import step_metrics
-from .samplers import Step, make_sampler
+from .samplers import Step
+from .sampler_registry import make_sampler
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
 CHUNK_TOKENS = 8    # tokens a run makes before the next one takes its turn

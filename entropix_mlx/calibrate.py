@@ -11,12 +11,11 @@ The result goes to the model's card, `models/<name>.toml`, written atomically.
 
 import datetime
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .files import write_atomic
 from .metrics import METRIC_NAMES
 
 # Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
@@ -139,21 +138,7 @@ def write_card(path, text: str) -> Path:
     """Replace the card atomically: a half-written card is never read."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes the file private (0600); a card is an ordinary file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_tokens: int = 24,

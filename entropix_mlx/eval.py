@@ -467,7 +467,7 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
     from .prompt import encode_chat
-    from .samplers import make_sampler as default_factory
+    from .sampler_registry import make_sampler as default_factory
 
     if make_sampler is None:
         def make_sampler(name):

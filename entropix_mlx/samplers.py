@@ -163,38 +163,3 @@ def _check_params(temperature, top_p, top_k, min_p):
 
     # The same validation (and messages) as the Entropix config; 0 = greedy here.
     SamplerConfig(temperature=temperature if temperature != 0 else 1.0, top_p=top_p, top_k=top_k, min_p=min_p)
-
-
-BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
-SAMPLER_NAMES = ("entropix", *BASELINES)
-
-
-def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = None,
-                 config=None, **overrides) -> Sampler:
-    """Build a sampler by name.
-
-    Baselines take `overrides` temperature, top_p, top_k, min_p and `metrics`
-    (False: skip the metrics). "entropix" takes `config` (None: the model's
-    card if `model_name` has one, else the reference preset; a preset name; a
-    .toml path; or a SamplerConfig) and any SamplerConfig field as an override;
-    it needs the tokenizer to resolve its thinking text. None values are ignored.
-    """
-    from .errors import ConfigError
-
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if name == "entropix":
-        from .config import resolve_config
-        from .entropix import EntropixSampler
-
-        overrides.pop("metrics", None)   # Entropix always needs its metrics
-        cfg, source = resolve_config(model_name, config, **overrides)
-        return EntropixSampler(cfg, tokenizer, source)
-    if name == "greedy":
-        return GreedySampler(overrides.get("metrics", True))
-    if name in BASELINES:
-        try:
-            return BASELINES[name](**overrides)
-        except TypeError:
-            known = "temperature, top_p, top_k, min_p, metrics"
-            raise ConfigError(f"sampler '{name}' takes only {known}; got {', '.join(overrides)}") from None
-    raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(SAMPLER_NAMES)}")

@@ -94,7 +94,7 @@ def smollm_native():
 def tiny_ref(tmp_path, monkeypatch):
     """A model reference that the CLI resolves, in this process, to a tiny random
     model (64-token context)."""
-    from cli import run as run_cmd
+    from entropix_mlx.cli import run as run_cmd
     from entropix_mlx.loading import ModelSource
 
     path = tmp_path / "tiny.gguf"

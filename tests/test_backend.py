@@ -109,7 +109,7 @@ def test_describe_names_device_format_and_blas():
 
 
 def test_cli_rejects_a_bad_weight_format_in_one_line():
-    out = subprocess.run([sys.executable, "-c", "from cli.app import main; main()", "run", "hi", "--weights", "fp8"],
+    out = subprocess.run([sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", "run", "hi", "--weights", "fp8"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

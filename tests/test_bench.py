@@ -11,11 +11,11 @@ from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from cli.app import main
+from entropix_mlx.cli.app import main
 from entropix_mlx import bench
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
-from entropix_mlx.samplers import make_sampler
+from entropix_mlx.sampler_registry import make_sampler
 
 FIGURES = ("prefill_tps", "decode_tps", "peak_memory_gb")
 
@@ -128,7 +128,7 @@ def test_table_shows_every_variant_and_ratio(capsys):
     result = {"model": "m", "prompt_tokens": 8, "gen_tokens": 4, "mlx_lm": variant, "entropix_greedy": variant,
               "entropix": {**variant, "decode_tps": 4.5, "strategy_counts": {"argmax": 3, "branch": 1}},
               "ratios": {"prefill": 1.0, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0}}
-    from cli.bench import print_tables
+    from entropix_mlx.cli.bench import print_tables
 
     print_tables(result)
     out = capsys.readouterr().out

@@ -5,10 +5,11 @@ import tomllib
 import numpy as np
 import pytest
 
+from entropix_mlx import files
 from entropix_mlx import calibrate as cal
 from entropix_mlx.config import SamplerConfig, load_toml
 from entropix_mlx.metrics import METRIC_NAMES
-from entropix_mlx.samplers import make_sampler
+from entropix_mlx.sampler_registry import make_sampler
 
 from conftest import make_tiny_model
 
@@ -58,7 +59,7 @@ def test_card_round_trip_keeps_user_settings_and_is_atomic(tmp_path, monkeypatch
 
     # A failed write leaves the old card untouched.
     before = path.read_text()
-    monkeypatch.setattr(cal.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         cal.write_card(path, "garbage")
     assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["m.toml"]
@@ -87,7 +88,7 @@ def test_bundled_card_is_committed_and_valid():
 
 
 def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, capsys):
-    from cli.app import main
+    from entropix_mlx.cli.app import main
 
     model = make_tiny_model()
     monkeypatch.setattr("entropix_mlx.loading.load",
@@ -102,7 +103,7 @@ def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, ca
 
 
 def test_cli_calibrate_unknown_model_is_one_line(capsys):
-    from cli.app import main
+    from entropix_mlx.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(["calibrate", "--model", "no/such-model-here.gguf"])

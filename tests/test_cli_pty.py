@@ -16,8 +16,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from cli import render
-from cli.app import main
+from entropix_mlx.cli import render
+from entropix_mlx.cli.app import main
 
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
 OTHER_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-ln-z]|\x1b[=>]")   # cursor/mode codes, not colours
@@ -37,7 +37,7 @@ class Terminal:
         self.master, slave = pty.openpty()
         env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")}
         env.update(TERM="xterm-256color", COLUMNS="200", LINES="50")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from cli.app import main; main()", *args],
+        self.proc = subprocess.Popen([sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", *args],
                                      stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
                                      preexec_fn=own_terminal)
         os.close(slave)

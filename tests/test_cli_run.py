@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import chat as chat_cmd
-from cli import models_cmd, run as run_cmd
-from cli.app import main
+from entropix_mlx.cli import chat as chat_cmd
+from entropix_mlx.cli import models_cmd, run as run_cmd
+from entropix_mlx.cli.app import main
 from conftest import make_tiny_tokenizer
 from entropix_mlx.samplers import GreedySampler
 
@@ -44,7 +44,7 @@ def one_error_line(stderr: str) -> str:
 
 
 def cli_command():
-    return [sys.executable, "-c", "from cli.app import main; main()"]
+    return [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()"]
 
 
 # -- errors a user can provoke: one line, exit 2 ------------------------------

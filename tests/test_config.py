@@ -4,7 +4,7 @@ import pytest
 
 from entropix_mlx.config import SamplerConfig, load_toml, resolve_config
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.samplers import make_sampler
+from entropix_mlx.sampler_registry import make_sampler
 
 
 @pytest.mark.parametrize("field, value, words", [

@@ -13,7 +13,8 @@ from entropix_mlx.config import SamplerConfig
 from entropix_mlx.entropix import EntropixSampler, decide, filter_sorted, top_candidates
 from entropix_mlx.generate import generate
 from entropix_mlx.metrics import step_metrics
-from entropix_mlx.samplers import Step, filtered_logprobs, make_sampler
+from entropix_mlx.samplers import Step, filtered_logprobs
+from entropix_mlx.sampler_registry import make_sampler
 
 from conftest import make_tiny_model
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
 from test_cli_run import invoke, one_error_line
 
-from cli import run as run_cmd
+from entropix_mlx.cli import run as run_cmd
 from entropix_mlx import eval as ev
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.loading import ModelSource

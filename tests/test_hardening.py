@@ -10,10 +10,11 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from cli import chat as chat_cmd
-from cli import run as run_cmd
+from entropix_mlx.cli import chat as chat_cmd
+from entropix_mlx.cli import run as run_cmd
 from conftest import make_tiny_model, make_tiny_tokenizer
 from entropix_mlx import calibrate as calibration
+from entropix_mlx import files
 from entropix_mlx.chat import Conversation
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
@@ -263,14 +264,14 @@ def test_chat_save_into_a_bad_place_keeps_the_conversation(tiny_ref, tmp_path, m
     a_file.write_text("")
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    real_write_text = Path.write_text
+    real_mkstemp = files.tempfile.mkstemp
 
-    def write_text(self, *args, **kwargs):   # a read-only folder (root ignores chmod, so say it directly)
-        if self.parent == read_only:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_write_text(self, *args, **kwargs)
+    def mkstemp(*args, dir=None, **kwargs):   # a read-only folder (root ignores chmod, so say it directly)
+        if Path(dir) == read_only:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real_mkstemp(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
     good = tmp_path / "good.json"
     script = (f"hello\n/save {tmp_path}/missing/chat.json\n/save {a_file}/chat.json\n/save {read_only}/chat.json\n"
               f"/save {tmp_path}\n/stats\n/save {good}\n")
@@ -287,6 +288,19 @@ def test_chat_save_into_a_bad_place_keeps_the_conversation(tiny_ref, tmp_path, m
     assert not (tmp_path / "missing").exists()
 
 
+def test_chat_save_failing_mid_write_leaves_the_old_file_whole(tiny_ref, tmp_path, monkeypatch):
+    use_sampler(monkeypatch, ScriptedSampler([byte_id(ord("o")), byte_id(ord("k")), EOS]))
+    target = tmp_path / "chat.json"
+    target.write_text("the earlier transcript\n")
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    code, out, err = invoke("chat", "-m", tiny_ref, "--no-color", input=f"hello\n/save {target}\n/stats\n")
+    assert code == 0, err
+    assert any(line.startswith("error: ") and "No space left" in line for line in out.splitlines())
+    assert "turns: 1" in out                                           # the conversation is kept
+    assert target.read_text() == "the earlier transcript\n"            # not a cut file
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_interrupted_card_write_leaves_the_old_card(tmp_path, monkeypatch):
     card = tmp_path / "m.toml"
     card.write_text("old card\n")
@@ -294,7 +308,7 @@ def test_interrupted_card_write_leaves_the_old_card(tmp_path, monkeypatch):
     def interrupted(fd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(calibration.os, "fsync", interrupted)
+    monkeypatch.setattr(files.os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
         calibration.write_card(card, "new card\n" * 1000)
     assert card.read_text() == "old card\n"
@@ -403,7 +417,7 @@ class TerminatedAtStep:
         pass
 
     def choose(self, step, key):
-        from cli.signals import Terminated
+        from entropix_mlx.cli.signals import Terminated
         self.steps += 1
         if self.steps == self.n:
             raise Terminated

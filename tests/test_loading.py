@@ -340,7 +340,7 @@ def test_repo_id_offline(monkeypatch, tmp_path):
 
 def cli(*args, env=None):
     script = Path(sys.executable).with_name("entropix-mlx")
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from cli.app import main; main()"]
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()"]
     return subprocess.run(command + list(args), capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

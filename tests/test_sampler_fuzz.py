@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from entropix_mlx.samplers import Step, make_sampler
+from entropix_mlx.samplers import Step
+from entropix_mlx.sampler_registry import make_sampler
 from entropix_mlx.metrics import METRIC_NAMES
 
 SHAPES = ("random", "nan", "posinf", "neginf_all_but_one", "all_equal", "one_hot", "all_nan", "all_neginf", "huge")
