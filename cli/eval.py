@@ -37,14 +37,19 @@ def eval_command(
     tasks: Annotated[Path | None, typer.Argument(
         help="JSON Lines task file (question, answer, optional choices and prompt).", show_default=False)] = None,
     builtin: Annotated[bool, typer.Option(
-        "--builtin", help="Use the built-in task file (40 short arithmetic and factual questions).")] = False,
+        "--builtin", help="Use the built-in task file (393 short arithmetic and factual questions, "
+                          "about half dev, half test).")] = False,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", show_default=DEFAULT_MODEL,
         help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
     samplers: Annotated[str, typer.Option(
         "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline).")]
     = DEFAULT_SAMPLERS,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N items.")] = None,
+    split: Annotated[str, typer.Option(
+        "--split", help="Items of the dev split (tune on it), the test split (report it) or all. "
+                        "Items without a split field are test.")] = "test",
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="Only the first N items (of the split).")] = None,
     seeds: Annotated[int, typer.Option(
         "--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")] = 1,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**62, help="First run seed.")] = 0,
@@ -79,7 +84,11 @@ def eval_command(
     if config is not None and "entropix" not in names:
         raise ConfigError("--config sets the entropix sampler, which --samplers does not include")
     path = ev.builtin_tasks_path() if builtin else tasks
-    task_list = ev.load_tasks(path)[:limit]
+    if split not in ev.SPLIT_CHOICES:
+        raise ConfigError(f"--split {split!r}: give dev, test or all")
+    task_list = ev.select_split(ev.load_tasks(path), split)[:limit]
+    if not task_list:
+        raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
     source = resolve(model)
     if "entropix" in names:   # a bad --config fails now, not after the model loads
         from entropix_mlx.config import resolve_config
@@ -97,7 +106,8 @@ def eval_command(
                             config=config if name == "entropix" else None, metrics=False)
 
     cfg = ev.EvalConfig(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
-                        model_name=source.name, tasks_name="builtin" if builtin else Path(path).name)
+                        model_name=source.name, tasks_name="builtin" if builtin else Path(path).name,
+                        split=split)
     try:
         results = _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory)
     except KeyboardInterrupt:
@@ -150,7 +160,9 @@ def print_table(results: dict):
     from entropix_mlx.eval import strategy_text, table_rows
 
     rows = table_rows(results, strategies=False)
-    table = Table(title=f"{results['model']} on {results['tasks']}: {results['items']} items, "
+    split = results.get("split", "all")
+    where = f"{results['tasks']} ({split} split)" if split != "all" else results["tasks"]
+    table = Table(title=f"{results['model']} on {where}: {results['items']} items, "
                         f"at most {results['max_tokens']} tokens per answer")
     for column in rows[0]:
         table.add_column(column, justify="left" if column == "sampler" else "right",

@@ -69,6 +69,8 @@ NUMBER_PROMPT = "{question}\nAnswer with the number only."
 TEXT_PROMPT = "{question}\nAnswer in a few words."
 CHOICE_PROMPT = "{question}\n{choices}\nAnswer with the letter of the correct choice."
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+SPLITS = ("dev", "test")
+SPLIT_CHOICES = ("dev", "test", "all")
 Z95 = 1.959963984540054   # the 97.5% quantile of the standard normal distribution
 
 
@@ -81,6 +83,8 @@ class Task:
     answers: list[str]            # accepted answers; for choice items, the correct letter
     choices: list[str] | None = None
     prompt: str | None = None     # template override: {question}, {choices}
+    split: str = "test"           # "dev" (tune on it) or "test" (report it); a file without splits is all test
+    category: str | None = None   # e.g. "negatives", "facts": for per-category breakdowns
 
     @property
     def kind(self) -> str:
@@ -142,7 +146,21 @@ def parse_task(data, index: int, where: str) -> Task:
         except (KeyError, IndexError, ValueError) as e:
             raise ConfigError(f"{where}: the prompt template is invalid ({type(e).__name__}: {e}); "
                               "it may use {question} and {choices}, and {{ }} for literal braces") from None
-    return Task(index, question, answers, choices, prompt)
+    split = data.get("split", "test")
+    if split not in SPLITS:
+        raise ConfigError(f"{where}: \"split\" must be \"dev\" or \"test\", got {split!r}")
+    category = data.get("category")
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        raise ConfigError(f"{where}: \"category\" must be a non-empty string")
+    return Task(index, question, answers, choices, prompt, split, category)
+
+
+def select_split(tasks: list[Task], split: str) -> list[Task]:
+    """The items of one split ("dev" or "test"), or all of them ("all"). Items
+    keep their index (file position), so results stay keyed the same way."""
+    if split not in SPLIT_CHOICES:
+        raise ConfigError(f"--split {split!r}: give dev, test or all")
+    return list(tasks) if split == "all" else [t for t in tasks if t.split == split]
 
 
 def load_tasks(path) -> list[Task]:
@@ -384,6 +402,7 @@ class EvalConfig:
     batch_size: int = 8
     model_name: str = "model"
     tasks_name: str = "tasks"
+    split: str = "all"            # which split the tasks are (a label: the caller filters with select_split)
 
     def runs(self) -> list[tuple[str, int]]:
         """(sampler, run seed) pairs. Greedy is deterministic: one run, and it
@@ -480,6 +499,7 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
         "model": config.model_name,
         "max_tokens": config.max_tokens,
         "prompt_version": PROMPT_VERSION,
+        "split": config.split,
         "samplers": {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)},
     }
     store = ResultStore(out_dir, identity)
@@ -565,6 +585,7 @@ def summarize(records: dict, tasks: list[Task], config: EvalConfig) -> dict:
     return {
         "model": config.model_name,
         "tasks": config.tasks_name,
+        "split": config.split,
         "items": len(indices),
         "max_tokens": config.max_tokens,
         "batch_size": config.batch_size,
@@ -597,9 +618,10 @@ def table_rows(results: dict, strategies: bool = True) -> list[dict]:
         if s["seeds"] > 1:
             acc += f" sd {100 * s['accuracy_std']:.1f} ({s['seeds']} seeds)"
         vs = s.get("vs_greedy")
+        split = results.get("split", "all")
         row = {
             "sampler": name,
-            "accuracy [95% CI]": acc,
+            f"{split} accuracy [95% CI]" if split != "all" else "accuracy [95% CI]": acc,
             "n": str(s["n"]),
             "tokens": f"{s['mean_tokens']:.1f}",
             "tok/s": f"{s['tokens_per_second']:.2f}",
@@ -643,7 +665,9 @@ def plot(results: dict, path) -> None:
     ax.bar(names, acc, yerr=[lo, hi], capsize=6, color="#4c72b0")
     ax.set_ylabel("accuracy (%) with 95% Wilson interval")
     ax.set_ylim(0, 100)
-    ax.set_title(f"{results['model']} on {results['tasks']} ({results['items']} items)")
+    split = results.get("split", "all")
+    where = f"{results['tasks']}, {split} split" if split != "all" else results["tasks"]
+    ax.set_title(f"{results['model']} on {where} ({results['items']} items)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -187,15 +187,10 @@ def test_summary_of_several_seeds():
 
 # -- task files -----------------------------------------------------------------
 
-def test_builtin_tasks_load_and_their_own_answers_are_graded_correct():
+def test_builtin_tasks_have_every_kind():
+    # size, answers and splits of the built-in tasks: tests/test_eval_tasks.py
     tasks = ev.load_tasks(ev.builtin_tasks_path())
-    assert 30 <= len(tasks) <= 40
     assert {t.kind for t in tasks} == {"number", "text", "choice"}
-    for t in tasks:
-        perfect = {"number": f"The answer is {t.expected}.", "text": t.expected,
-                   "choice": f"The answer is {t.expected}."}[t.kind]
-        assert ev.score(perfect, t)[1], t
-        assert not ev.score("I do not know.", t)[1], t
 
 
 def test_gsm8k_answers(tmp_path):
@@ -434,7 +429,7 @@ def test_ctrl_c_says_how_to_resume(tiny_ref, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_builtin_eval_on_the_bundled_model(tmp_path):
-    code, out, err = invoke("eval", "--builtin", "--samplers", "greedy,entropix", "--limit", "2",
+    code, out, err = invoke("eval", "--builtin", "--split", "dev", "--samplers", "greedy,entropix", "--limit", "2",
                             "--max-tokens", "4", "--json", "--out", tmp_path / "o")
     assert code == 0, err
     results = json.loads(out)
