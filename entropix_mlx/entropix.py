@@ -12,7 +12,8 @@ One decoding step:
 
 Strategies (stable names, used in JSON and colours):
 
-- argmax   (H and V low): the most likely token.
+- argmax   (H and V low): the best-scored token (see "Scores" below): the
+           most likely one unless it would repeat an n-gram of the answer.
 - think    (H high, V low: the model hesitates among many similar options):
            insert the model card's thinking text (e.g. " ..."), never twice in
            a row and at most `max_thinking_insertions` times per answer;
@@ -21,17 +22,32 @@ Strategies (stable names, used in JSON and colours):
            `branch_candidates` distinct first tokens (sampling without
            replacement), roll each out greedily for `branch_rollout_tokens`
            tokens on a fork of the KV cache, in one batch, and keep the path
-           with the highest log-probability. Without a model (batched eval) it
-           samples one token with the branch parameters.
+           with the best score: its total log-probability minus the repetition
+           penalty for every n-gram of the path (over answer + path) that
+           already occurred, so a loop cannot win on likelihood alone. Without
+           a model it samples one token with the branch parameters.
 - resample (H and V high): sample at a high temperature with a tighter top-p.
 - adaptive (everything else): draw `adaptive_samples` candidates with distinct
            random keys and parameters adapted to the metrics; keep the one
-           with the best score  log2 p(token) - repetition_penalty * (times the
-           n-gram it completes already occurred in the answer).  Unlike the
-           reference's score (log p + a term equal for all candidates, i.e.
-           "most likely of N"), this one depends on the candidate: it trades a
-           little likelihood for not looping, the commonest failure of small
-           models.
+           with the best score.
+
+Scores. Every strategy chooses by one score per token,
+    score = log2 p(token) - repetition_penalty * (times the n-gram it completes
+            already occurred in the answer)
+(n = repetition_ngram). It is applied where tokens are chosen, not where the
+metrics are measured: the metrics and the decision see the model's own
+distribution; the candidates are drawn and ranked from the scored one (a bias
+on a few log-probabilities, computed on the host from the answer so far). So
+"argmax" is the best score, sampling strategies sample from the scored
+distribution, adaptive keeps its best-scored candidate, and branch scores whole
+paths. Unlike the reference's score (log p + a term equal for all candidates,
+i.e. "most likely of N"), this one depends on the candidate: it trades a little
+likelihood for not looping, the commonest failure of small models.
+
+End of turn after thinking. The step right after an inserted thinking text may
+not end the turn (the end-of-sequence tokens get score -inf there): the text
+was inserted because the model hesitated, and ending right after it left the
+question unanswered (issue 10: 17 of 40 built-in answers ended that way).
 
 Parameter formulas are the reference's version 1 (see ENTROPIX_REFERENCE.md),
 with one deviation: the adaptive temperature is capped at
@@ -40,6 +56,7 @@ few bits already pushes it past 2).
 """
 
 import math
+from collections import Counter
 
 import mlx.core as mx
 
@@ -49,6 +66,39 @@ from .cache import SharedPrefixCache
 from .samplers import LOGIT_NOTES, Choice, Step, sanitize_logits
 
 NATS_TO_BITS = LOG2E
+# How many distinct tokens per step can carry a score bias (repetitions and
+# banned end-of-turn tokens): a fixed size keeps the compiled step graph's
+# shapes fixed. More repeated tokens than this: the most repeated ones.
+BIAS_SLOTS = 16
+
+
+def repeat_counts(history: list[int], n: int) -> Counter:
+    """For each token: how many times the n-gram it would complete (the last
+    n - 1 tokens of `history` + it) already occurs in `history`."""
+    counts = Counter()
+    if n == 1:
+        counts.update(history)
+        return counts
+    if len(history) < n:
+        return counts
+    tail = history[len(history) - (n - 1):]
+    first = tail[0]
+    for i in range(len(history) - n + 1):
+        if history[i] == first and history[i:i + n - 1] == tail:
+            counts[history[i + n - 1]] += 1
+    return counts
+
+
+def path_repeats(history: list[int], path: list[int], n: int) -> int:
+    """Repetitions a path of tokens adds: the sum over its tokens of the
+    earlier occurrences (in history + the path before it) of the n-gram each
+    completes."""
+    seq = list(history)
+    total = 0
+    for t in path:
+        total += repeat_counts(seq, n).get(t, 0)
+        seq.append(t)
+    return total
 
 
 def decide(entropy: float, varentropy: float, c: SamplerConfig) -> str:
@@ -124,9 +174,11 @@ class EntropixSampler:
         self.config = config or SamplerConfig()
         self.config_source = source   # where the thresholds came from, for the CLI to print
         self.thinking_tokens: list[int] = []
+        self.eos_tokens: list[int] = []
         self._compiled = None
         if tokenizer is not None:
             self.thinking_tokens = list(tokenizer.encode(self.config.thinking_text, add_special_tokens=False))
+            self.eos_tokens = sorted(getattr(tokenizer, "eos_token_ids", None) or ())
         self.reset()
 
     def reset(self):
@@ -140,6 +192,24 @@ class EntropixSampler:
         if c.top_k <= 0:
             return vocab
         return min(vocab, max(c.adaptive_top_k_max, math.ceil(1.5 * c.top_k), 5, c.branch_candidates))
+
+    def bias(self, history: list[int]) -> tuple[mx.array, mx.array]:
+        """The score's bias (nats) on a few tokens, padded to BIAS_SLOTS:
+        (ids, values). Repeated n-grams cost repetition_penalty bits per earlier
+        occurrence; right after a thinking insertion the end-of-turn tokens are
+        banned (-inf)."""
+        c = self.config
+        values: dict[int, float] = {}
+        if c.repetition_penalty > 0:
+            counts = repeat_counts(history, c.repetition_ngram).most_common(BIAS_SLOTS)
+            values = {t: -c.repetition_penalty * k / NATS_TO_BITS for t, k in counts}
+        if self._just_inserted:
+            for t in self.eos_tokens:
+                values[t] = -math.inf
+        items = sorted(values.items(), key=lambda kv: kv[1])[:BIAS_SLOTS]   # bans first
+        ids = [t for t, _ in items] + [0] * (BIAS_SLOTS - len(items))
+        vals = [v for _, v in items] + [0.0] * (BIAS_SLOTS - len(items))
+        return mx.array(ids, dtype=mx.int32), mx.array(vals, dtype=mx.float32)
 
     def plan(self, step: Step, key: mx.array) -> dict:
         """Metrics, every strategy's parameters and candidates, as lazy arrays.
@@ -155,7 +225,9 @@ class EntropixSampler:
             attention = mx.stack([per_layer[n].mean() for n in ATTENTION_METRICS])
         if self._compiled is None:
             self._compiled = mx.compile(self._logits_plan)
-        metrics, params, idx, tokens, logprobs, kept, think_lp, note = self._compiled(step.logits, attention, key)
+        bias_ids, bias_vals = self.bias(step.tokens)
+        metrics, params, idx, tokens, logprobs, kept, think_lp, note = self._compiled(
+            step.logits, attention, key, bias_ids, bias_vals)
         c = self.config
         sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
                  "resample": 1, "adaptive": c.adaptive_samples}
@@ -168,16 +240,22 @@ class EntropixSampler:
             start += n
         return out
 
-    def _logits_plan(self, logits: mx.array, attention: mx.array, key: mx.array):
+    def _logits_plan(self, logits: mx.array, attention: mx.array, key: mx.array,
+                     bias_ids: mx.array, bias_vals: mx.array):
         c = self.config
         logits, note = sanitize_logits(logits)
         logprobs = logits - mx.logsumexp(logits)
-        H, V = logits_entropy(logits)
+        H, V = logits_entropy(logits)        # the model's own distribution decides the strategy
         ae, av, ag, ist = attention[0], attention[1], attention[2], attention[3]
         T0, p0, k0, mp0 = c.temperature, c.top_p, c.top_k, c.min_p
 
+        # Candidates come from the scored distribution (log p + bias, renormalized).
+        scored = logprobs.at[bias_ids].add(bias_vals)
+        finite = mx.any(scored > -mx.inf)                  # never ban everything
+        scored = mx.where(finite, scored, logprobs)
+        scored = scored - mx.logsumexp(scored)
         pool = self._candidate_pool(logprobs.shape[-1])
-        vals, ids = top_candidates(logprobs, pool)
+        vals, ids = top_candidates(scored, pool)
         kmax = pool if k0 > 0 else 0
 
         def as_k(x):   # a top-k computed from metrics, kept within the candidate pool
@@ -211,7 +289,7 @@ class EntropixSampler:
         param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
         # log p of the thinking text's first token, in case it is inserted
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
-        return metrics, param_rows, idx, ids[idx], vals[idx], kept, think_lp, note   # vals: nats, under the model
+        return metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note   # nats, under the model
 
     # -- the decision -------------------------------------------------------------
 
@@ -264,12 +342,14 @@ class EntropixSampler:
     def adaptive_score(self, token: int, logprob: float, history: list[int]) -> float:
         """log2 p(token) minus repetition_penalty bits for every earlier
         occurrence, in `history`, of the n-gram that `token` would complete."""
-        n = self.config.repetition_ngram
-        ngram = (list(history[len(history) - (n - 1):]) if n > 1 else []) + [token]
-        repeats = 0
-        if len(ngram) == n:
-            repeats = sum(1 for i in range(len(history) - n + 1) if history[i:i + n] == ngram)
-        return logprob * NATS_TO_BITS - self.config.repetition_penalty * repeats
+        return self.path_score([token], [logprob], history)
+
+    def path_score(self, path: list[int], logprobs: list[float], history: list[int]) -> float:
+        """The score of a sequence of tokens after `history`: total log2 p minus
+        repetition_penalty bits per repeated n-gram it completes (over history
+        and the path so far)."""
+        repeats = path_repeats(history, path, self.config.repetition_ngram) if self.config.repetition_penalty else 0
+        return sum(logprobs) * NATS_TO_BITS - self.config.repetition_penalty * repeats
 
     # -- strategies that run the model ----------------------------------------------
 
@@ -291,8 +371,8 @@ class EntropixSampler:
 
     def _branch(self, step: Step, cands: list[tuple[int, float]]):
         """Roll every candidate out greedily, all rows in one batch over the
-        step's cache (shared, not copied); accept the path with the highest
-        total log-probability.
+        step's cache (shared, not copied); accept the path with the best score
+        (total log-probability minus the repetition penalty, `path_score`).
 
         The rollout's last forward pass runs for the winner only, on the step's
         own cache (after the winner's earlier rollout keys are appended to it):
@@ -310,12 +390,13 @@ class EntropixSampler:
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
         path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
-        best = mx.argmax(path_lps.sum(axis=1))
-        mx.eval(path, path_lps, best)
-        best = best.item()
+        mx.eval(path, path_lps)
+        paths, lps = path.tolist(), path_lps.tolist()
+        path_scores = [self.path_score(p, lp, step.tokens) for p, lp in zip(paths, lps)]
+        best = max(range(n), key=lambda i: path_scores[i])
         for layer, shared in zip(step.cache, rollout):
             layer.update_and_fetch(*shared.row(best))
         del rollout  # it references the prefix: appending to the cache while it lives would copy it
         logits, scores = step.model(path[best:best + 1, -1:], step.cache)
         mx.eval(logits, scores)
-        return path[best].tolist(), path_lps[best].tolist(), (step.cache, logits[:, -1:, :], scores)
+        return paths[best], lps[best], (step.cache, logits[:, -1:, :], scores)

@@ -1,0 +1,169 @@
+"""Issue 10's failure modes of the Entropix sampler, each reproduced on constructed
+distributions or a tiny model: the end of turn right after a thinking insertion,
+loops through `branch` (a path score that preferred repetition), loops through
+`argmax`; and the score's bias never touches the metrics or reported log-probs."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from entropix_mlx.cache import make_cache
+from entropix_mlx.config import SamplerConfig
+from entropix_mlx.entropix import EntropixSampler, path_repeats, repeat_counts
+from entropix_mlx.generate import generate
+from entropix_mlx.metrics import step_metrics
+from entropix_mlx.samplers import GreedySampler, Step
+from entropix_mlx.sampler_registry import make_sampler
+
+from test_entropix import ALWAYS_BRANCH, ATTENTION, FLAT, greedy_path, path_logprobs, smooth_model
+
+V = 259          # the tiny tokenizer's vocabulary; id 2 is its end-of-turn token
+EOS = 2
+
+
+def step(logits, tokens=(), **kw):
+    return Step(mx.array(logits, dtype=mx.float32), ATTENTION, list(tokens), **kw)
+
+
+def repeated_ngram_share(tokens, n=4):
+    """Share of the n-grams of `tokens` that already occurred earlier in it."""
+    seen, repeated = set(), 0
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    for g in grams:
+        repeated += g in seen
+        seen.add(g)
+    return repeated / max(len(grams), 1)
+
+
+# -- the score --------------------------------------------------------------------------
+
+
+def test_repeat_counts_and_path_repeats():
+    history = [5, 6, 7, 5, 6, 8, 5, 6]
+    assert repeat_counts(history, 3) == {7: 1, 8: 1}          # "5 6 7" and "5 6 8" occurred once each
+    assert repeat_counts(history, 2) == {7: 1, 8: 1}          # after 6
+    assert repeat_counts(history, 1)[5] == 3
+    assert repeat_counts([1, 2], 3) == {}
+    # Path 7, 5, 6 after history: "5 6 7" (1), "6 7 5" (1), "7 5 6" (1 in history + 0 in path)
+    assert path_repeats(history, [7, 5, 6], 3) == 3
+    # A path's own repetition counts too: "1 1 1" repeated inside the path
+    assert path_repeats([], [1, 1, 1, 1, 1], 3) == 0 + 0 + 1 + 2
+    sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3))
+    assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(
+        -3.0 / math.log(2) - 2.0 * 3)
+
+
+# -- end of turn right after a thinking insertion ---------------------------------------------
+
+ENDS = [0.0] * V
+ENDS[EOS], ENDS[40] = 12.0, 6.0        # end-of-turn dominant, token 40 next: low entropy -> argmax
+
+
+def test_no_end_of_turn_right_after_a_thinking_insertion(tiny_tokenizer):
+    sampler = EntropixSampler(SamplerConfig(thinking_text="..", low_entropy=0.5, low_varentropy=5.0),
+                              tiny_tokenizer)
+    assert sampler.eos_tokens == [EOS]
+    # Without an insertion just before, the model may end its turn.
+    assert sampler.choose(step(ENDS), mx.random.key(0)).tokens == [EOS]
+    inserted = sampler.choose(step(FLAT[:V]), mx.random.key(0))
+    assert inserted.inserted
+    after = sampler.choose(step(ENDS, tokens=inserted.tokens), mx.random.key(0))
+    assert after.strategy == "argmax" and after.tokens == [40]
+    # What is reported is the model's own probability and metrics, not the ban's.
+    lp = np.array(ENDS) - np.log(np.exp(np.array(ENDS)).sum())
+    assert after.logprobs[0] == pytest.approx(lp[40], abs=1e-4)
+    ref = {k: v.item() for k, v in step_metrics(mx.array(ENDS), ATTENTION).items()}
+    assert after.metrics == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    # One step only: afterwards the model may end its turn again.
+    assert sampler.choose(step(ENDS, tokens=inserted.tokens + [40]), mx.random.key(0)).tokens == [EOS]
+
+
+@pytest.mark.parametrize("strategy_logits", ["think", "adaptive"])
+def test_sampling_strategies_after_an_insertion_never_end_the_turn(strategy_logits, tiny_tokenizer):
+    # The end-of-turn token holds most of the mass, in a state that samples.
+    logits = [0.0] * V
+    logits[EOS] = 9.0 if strategy_logits == "think" else 3.0
+    config = SamplerConfig(thinking_text="..", max_thinking_insertions=100)
+    for seed in range(6):
+        sampler = EntropixSampler(config, tiny_tokenizer)
+        first = sampler.choose(step(FLAT[:V]), mx.random.key(seed))
+        assert first.inserted
+        after = sampler.choose(step(logits, tokens=first.tokens), mx.random.key(seed))
+        assert EOS not in after.tokens
+
+
+# -- branch cannot win with a repetition ----------------------------------------------------
+
+
+def _branch_step(model, prompt, history):
+    cache = make_cache(model)
+    logits, scores = model(mx.array([prompt]), cache)
+    return Step(logits[0, -1], [x[0] for x in scores], list(history), model, cache)
+
+
+def test_branch_path_score_refuses_a_repeated_path():
+    model = smooth_model()
+    prompt = [1, 40, 50, 60]
+    key = mx.random.key(5)
+    base = dict(branch_candidates=3, branch_rollout_tokens=3, **ALWAYS_BRANCH)
+    plain = EntropixSampler(SamplerConfig(repetition_penalty=0.0, **base))
+    s = _branch_step(model, prompt, [])
+    plan = plain.plan(s, key)
+    mx.eval(plan)
+    firsts = plan["tokens"]["branch"].tolist()
+    paths = [greedy_path(model, prompt, f, 3) for f in firsts]
+    totals = [sum(path_logprobs(model, prompt, p)) for p in paths]
+    likeliest = paths[int(np.argmax(totals))]
+    assert plain.choose(s, key).tokens == likeliest
+
+    # The same step, but the answer so far already repeated the likeliest path twice:
+    # the likelihood alone still prefers it (the model's logits are the same), the score does not.
+    history = likeliest * 2
+    assert plain.choose(_branch_step(model, prompt, history), key).tokens == likeliest
+    scored = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3, **base))
+    choice = scored.choose(_branch_step(model, prompt, history), key)
+    assert choice.tokens != likeliest
+    assert path_repeats(history, choice.tokens, 3) < path_repeats(history, likeliest, 3)
+
+
+def test_branching_generation_loops_less_than_greedy_on_a_tiny_model(tiny_tokenizer):
+    """A tiny random model loops under greedy decoding; always branching with the
+    old score (likelihood only) loops as much, the scored branch does not."""
+    model = smooth_model()
+    prompt = [1, 72, 105]
+    n = 48
+    greedy = [e.token for e in generate(model, tiny_tokenizer, prompt, GreedySampler(), max_tokens=n)]
+    share = {}
+    for penalty in (0.0, 2.0):
+        config = SamplerConfig(repetition_penalty=penalty, **ALWAYS_BRANCH)
+        tokens = []
+        for seed in range(3):
+            sampler = make_sampler("entropix", tiny_tokenizer, config=config)
+            tokens.append([e.token for e in generate(model, tiny_tokenizer, prompt, sampler, max_tokens=n,
+                                                     seed=seed)])
+        share[penalty] = np.mean([repeated_ngram_share(t) for t in tokens])
+    assert repeated_ngram_share(greedy) > 0.5, greedy          # the failure: greedy loops
+    assert share[0.0] > 0.3                                    # likelihood-only branching loops too
+    assert share[2.0] <= share[0.0] / 2, share
+
+
+# -- argmax is the best score ------------------------------------------------------------------
+
+CLOSE = [4.0, 3.0] + [-10.0] * (V - 2)            # token 0 likeliest, 1 a bit less (1.44 bits apart)
+ARGMAX_HERE = dict(low_entropy=2.0, low_varentropy=3.0)
+
+
+def test_argmax_takes_the_likeliest_token_unless_it_repeats():
+    sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3, **ARGMAX_HERE))
+    assert sampler.choose(step(CLOSE, tokens=[9, 8]), mx.random.key(0)).tokens == [0]
+    repeat = sampler.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0))   # "9 8 0" again
+    assert repeat.strategy == "argmax" and repeat.tokens == [1]
+    lp = np.array(CLOSE) - np.log(np.exp(np.array(CLOSE)).sum())
+    assert repeat.logprobs[0] == pytest.approx(lp[1], abs=1e-4)   # the model's log p, not the score
+    off = EntropixSampler(SamplerConfig(repetition_penalty=0.0, **ARGMAX_HERE))
+    assert off.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0)).tokens == [0]
+    # A token far likelier than the rest stays, whatever it repeats (here 1 earlier occurrence: 2 bits < 14).
+    far = [10.0, 0.0] + [-10.0] * (V - 2)
+    assert sampler.choose(step(far, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0)).tokens == [0]
