@@ -106,8 +106,38 @@ def _toml_value(value) -> str:
     raise TypeError(f"cannot write {value!r} to TOML")
 
 
+OWN_TABLES = ("sampler", "calibration")
+
+
+def other_tables(text: str) -> str:
+    """The parts of an existing card that calibration does not write: every
+    top-level table other than [sampler] and [calibration] (e.g. [tuning], a
+    [deliberate] table), with its sub-tables and the comment lines just above
+    its header, verbatim. Recalibrating must not drop them."""
+    kept, block, keep, pending = [], [], False, []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            top = stripped.strip("[]").split(".")[0].strip().strip('"')
+            if keep:
+                kept.extend(block)
+            block, keep = pending + [line], top not in OWN_TABLES
+            pending = []
+        elif stripped.startswith("[["):          # an array-of-tables header: part of its block
+            block += pending + [line]
+            pending = []
+        elif stripped.startswith("#") or not stripped:
+            pending.append(line)                  # may belong to the next header
+        else:
+            block += pending + [line]
+            pending = []
+    if keep:
+        kept.extend(block + pending)
+    return "\n".join(kept).strip("\n")
+
+
 def card_text(model_name: str, samples: dict[str, np.ndarray], sampler_fields: dict, n_prompts: int,
-              max_tokens: int) -> str:
+              max_tokens: int, extra: str = "") -> str:
     lines = [
         f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
         "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
@@ -131,6 +161,8 @@ def card_text(model_name: str, samples: dict[str, np.ndarray], sampler_fields: d
     for name in METRIC_NAMES:
         values = [round(float(v), 4) for v in np.quantile(samples[name], REPORTED_QUANTILES)]
         lines.append(f"{name} = {_toml_value(values)}")
+    if extra:
+        lines += ["", extra]
     return "\n".join(lines) + "\n"
 
 
@@ -146,7 +178,8 @@ def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_
     """Measure, derive thresholds, write the card; returns (path, thresholds, samples).
 
     Settings already in an existing card other than the thresholds (e.g. its
-    thinking_text) are kept."""
+    thinking_text, tuned strategy parameters) are kept, and so are its other
+    tables ([tuning], [deliberate], ...)."""
     from .cards import card_path
     from .config import SamplerConfig, read_toml
 
@@ -154,11 +187,12 @@ def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_
     if samples is None:
         samples = collect(model, tokenizer, prompts, max_tokens, seed, progress=progress)
     found = thresholds(samples)
-    kept = {}
+    kept, extra = {}, ""
     if path.is_file():
         old = read_toml(path).get("sampler", {})
         kept = {k: v for k, v in old.items() if k not in found}
+        extra = other_tables(path.read_text())
     fields = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}
     SamplerConfig().replace(**fields)              # never write a card the sampler would reject
-    write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens))
+    write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
     return path, found, samples

@@ -109,3 +109,21 @@ def test_cli_calibrate_unknown_model_is_one_line(capsys):
         main(["calibrate", "--model", "no/such-model-here.gguf"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
+
+
+def test_recalibrating_keeps_the_cards_other_tables(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text(
+        'name = "m"\n\n[sampler]\nlow_entropy = 1.0\nmedium_entropy = 2.0\nhigh_entropy = 3.0\nrepetition_penalty = 3.0\n\n'
+        '[calibration]\nsteps = 5\n\n[calibration.metrics]\nentropy = [1.0]\n\n'
+        '# how the settings were chosen\n[tuning]\nchosen = "b"\n\n[[tuning.trials]]\nname = "a"\ndev_accuracy = 0.4\n\n'
+        '[[tuning.trials]]\nname = "b"\ndev_accuracy = 0.5\n\n[deliberate]\nwidth = 4\n')
+    cal.calibrate(None, None, "m", out=path, samples=synthetic_samples())
+    text = path.read_text()
+    data = tomllib.loads(text)
+    assert data["tuning"] == {"chosen": "b", "trials": [{"name": "a", "dev_accuracy": 0.4},
+                                                       {"name": "b", "dev_accuracy": 0.5}]}
+    assert data["deliberate"] == {"width": 4}
+    assert "# how the settings were chosen\n[tuning]" in text
+    assert data["sampler"]["repetition_penalty"] == 3.0                  # a tuned setting, kept
+    assert data["calibration"]["steps"] == 1000 and text.count("[calibration]") == 1
