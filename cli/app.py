@@ -41,6 +41,7 @@ from . import models_cmd as _models  # noqa: E402
 from . import calibrate as _calibrate  # noqa: E402
 from . import bench as _bench  # noqa: E402
 from . import eval as _eval  # noqa: E402
+from . import serve as _serve  # noqa: E402
 
 _run.register(app)
 _chat.register(app)
@@ -48,6 +49,7 @@ _models.register(app)
 _calibrate.register(app)
 _bench.register(app)
 _eval.register(app)
+_serve.register(app)
 
 
 def fail(message: str, code: int = 2):

@@ -19,6 +19,7 @@ from entropix_mlx import backend
 from entropix_mlx.backend import WEIGHT_FORMATS, default_weights
 from entropix_mlx.config import PRESETS, resolve_config
 from entropix_mlx.errors import ConfigError, ContextOverflowError
+from entropix_mlx.files import write_atomic
 from entropix_mlx.generate import generate
 from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
 from entropix_mlx.prompt import encode_chat, encode_raw
@@ -230,15 +231,25 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
         json_lines: Annotated[bool, typer.Option(
             "--json", help="JSON Lines on stdout: one object per token, then {\"summary\": ...}.")] = False,
         no_color: NoColorOpt = False,
-        weights: WeightsOpt = default_weights()):
+        weights: WeightsOpt = default_weights(),
+        html: Annotated[Path | None, typer.Option(
+            "--html", help="Also write the answer as a self-contained HTML page (the server page's export).")] = None):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, **overrides)
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        raise ConfigError(f"--html {html}: {'is a directory' if html.is_dir() else 'its folder does not exist'}; "
+                          "give a file name in an existing folder")
     text = read_prompt(prompt)
     llm, tokenizer, source = load_model(model, weights)
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
+    recorder = None
+    if html is not None:   # records each token's top alternatives for the page's hover details
+        from entropix_mlx.server.export import AnswerRecorder
+        recorder = AnswerRecorder(chooser, tokenizer)
+        chooser = recorder.sampler
     ids = prompt_tokens(tokenizer, text, system, raw)
     context = llm.args.max_position_embeddings
     if len(ids) >= context:
@@ -264,6 +275,8 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
                 if color:
                     err.print(render.legend(render.sampler_strategies(chooser)))
             for event in generation:
+                if recorder is not None:
+                    recorder.add(event)
                 if json_lines:
                     sys.stdout.write(json_line(event.to_dict()))
                     sys.stdout.flush()
@@ -287,6 +300,9 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
         raise typer.Exit(0)
     if not json_lines:
         err.print(render.summary_line(summary))
+    if recorder is not None:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
     raise typer.Exit(code)
 
 

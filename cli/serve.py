@@ -1,0 +1,57 @@
+"""`entropix-mlx serve`: the OpenAI-compatible server and the page at `/`.
+The server itself lives in entropix_mlx/server/; this only parses options."""
+
+import ipaddress
+import sys
+from typing import Annotated
+
+import typer
+
+from entropix_mlx.backend import default_weights
+from entropix_mlx.errors import ConfigError
+
+from .run import ModelOpt, WeightsOpt, load_model
+
+
+def _check_port(value: int) -> int:
+    if not 0 < value < 65536:
+        raise typer.BadParameter(f"{value} is not a port; use 1 to 65535, e.g. 8080")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(model: ModelOpt = None,
+          host: Annotated[str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes the server "
+                                                            "to the network.")] = "127.0.0.1",
+          port: Annotated[int, typer.Option("--port", callback=_check_port, help="TCP port.")] = 8080,
+          api_key: Annotated[str | None, typer.Option(
+              "--api-key", envvar="ENTROPIX_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/ (also $ENTROPIX_API_KEY).")] = None,
+          allow_origin: Annotated[list[str] | None, typer.Option(
+              "--allow-origin", help="Allow browser pages from this origin (CORS); repeatable. Off by default.")] = None,
+          max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body, bytes.")] = 1_000_000,
+          cache_tokens: Annotated[int, typer.Option(
+              "--cache-tokens", min=0, help="Prompt-prefix cache: most token positions kept (0: off).")] = 32768,
+          weights: WeightsOpt = default_weights()):
+    """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("--api-key is empty; give a key or leave the option out")
+    llm, tokenizer, source = load_model(model, weights)
+    if not _is_loopback(host) and not api_key:
+        print(f"warning: serving on {host} without --api-key: anyone who can reach this address can use it",
+              file=sys.stderr)
+    print(f"entropix-mlx serve: {source.name} on http://{host}:{port}/ (OpenAI API at /v1)", file=sys.stderr)
+    from entropix_mlx.server import serve as run_server
+    run_server(llm, tokenizer, source.name, host=host, port=port, api_key=api_key,
+               allow_origins=allow_origin or None, max_body=max_body,
+               cache_entries=8 if cache_tokens else 0, cache_tokens=cache_tokens)
+
+
+def register(app: typer.Typer):
+    app.command()(serve)

@@ -1,0 +1,274 @@
+"""The HTTP layer: Starlette routes for the OpenAI-compatible API and the page.
+
+Handlers validate a request (schema.py), encode its prompt, build its sampler
+and queue a `Job` for the engine's worker thread; then they relay the worker's
+events, as server-sent events (`stream: true`) or as one JSON response. A
+client that goes away cancels its job: the worker stops at the next token.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..config import THRESHOLDS, resolve_config
+from ..errors import ConfigError
+from ..prompt import encode_chat, encode_raw
+from ..sampler_registry import SAMPLER_NAMES, make_sampler
+from .engine import Engine, Job, random_seed
+from .responses import Answer
+from .schema import APIError, config_error, parse
+from .strategies import page_info
+
+STATIC = resources.files("entropix_mlx.server") / "static"
+MAX_BODY = 1_000_000     # bytes; a long chat history is far below this
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` (whether or not
+    the client sent a Content-Length), so an oversized upload is never buffered."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the request body is {length} bytes; the limit is {limit}", None,
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes", None,
+                           code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def sse(data) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+class Server:
+    def __init__(self, engine: Engine, api_key: str | None = None, max_body: int = MAX_BODY):
+        self.engine, self.api_key, self.max_body = engine, api_key, max_body
+
+    # -- preparing a job -------------------------------------------------
+
+    def _check_model(self, model: str | None):
+        # Only the served model: the field is a name to match, never something to load.
+        if model is not None and model != self.engine.name:
+            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.engine.name}'",
+                           "model", code="model_not_found")
+
+    def _prepare(self, p, chat: bool) -> tuple[Job, list[str]]:
+        """Runs in a worker thread of Starlette's pool (tokenizing takes time)."""
+        engine = self.engine
+        with engine.tokenizer_lock:
+            try:
+                ids = encode_chat(engine.tokenizer, p.messages) if chat else encode_raw(engine.tokenizer, p.prompt)
+            except ValueError as e:   # transformers: no chat template
+                raise APIError(400, f"this model has no chat template ({e}); use /v1/completions",
+                               "messages") from None
+            overrides = {} if p.sampler == "greedy" else p.overrides
+            try:
+                sampler = make_sampler(p.sampler, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
+            except ConfigError as e:
+                raise config_error(str(e), p.overrides) from None
+        room = engine.context - len(ids)
+        if room <= 0:
+            raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context holds "
+                                f"{engine.context}; shorten it", "messages" if chat else "prompt",
+                           code="context_length_exceeded")
+        warnings, max_tokens = [], p.max_tokens
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            warnings.append(f"max_tokens {max_tokens} clamped to {room}: the prompt's {len(ids)} tokens "
+                            f"leave that much of the {engine.context}-token context")
+            max_tokens = room
+        seed = p.seed if p.seed is not None else random_seed()
+        return Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop), warnings
+
+    # -- endpoints -------------------------------------------------------
+
+    async def chat(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, chat: bool):
+        try:
+            raw = await read_body(request, self.max_body)
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise APIError(400, f"the request body is not valid JSON ({e})", None, code="invalid_json") from None
+            p = parse(body, chat, SAMPLER_NAMES)
+            self._check_model(p.model)
+            job, warnings = await run_in_threadpool(self._prepare, p, chat)
+        except APIError as e:
+            return error_response(e)
+        answer = Answer("chat" if chat else "completion", self.engine.name, job.seed, warnings)
+        self.engine.submit(job)
+        headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
+        if p.stream:
+            return StreamingResponse(self._stream(job, answer, p), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        try:
+            await self._collect(request, job, answer)
+        except APIError as e:
+            return error_response(e)
+        finally:
+            job.cancelled = True      # the job is over; if the client left, this stops it
+        if answer.finish_reason is None:    # the client disconnected; nobody reads this
+            return JSONResponse({}, status_code=499)
+        return JSONResponse(answer.whole(p.logprobs), headers=headers)
+
+    async def _next(self, request: Request | None, job: Job):
+        """The worker's next event; None when the client has gone (non-streamed
+        requests poll for it: nothing else would notice before the answer ends)."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    return None
+
+    def _apply(self, answer: Answer, event) -> tuple[str, list, list | None] | None:
+        """Fold one worker event into the answer; returns what a chunk would carry."""
+        kind = event[0]
+        if kind == "start":
+            answer.prompt_tokens, answer.cached_tokens = event[1]["prompt_tokens"], event[1]["cached_tokens"]
+            return None
+        if kind == "token":
+            _, rec, entry, text = event
+            answer.text += text
+            answer.records.append(rec)
+            answer.completion_tokens += 1
+            if entry is not None:
+                answer.logprobs.append(entry)
+            return text, [rec], [entry] if entry is not None else None
+        if kind == "end":
+            _, finish, tail, _summary = event
+            answer.text += tail
+            answer.finish_reason = finish if finish != "cancelled" else "stop"
+            return tail, [], None
+        raise APIError(500, event[1], None, type="server_error", code="generation_failed")
+
+    async def _collect(self, request, job, answer):
+        while answer.finish_reason is None:
+            event = await self._next(request, job)
+            if event is None:
+                return
+            self._apply(answer, event)
+
+    async def _stream(self, job: Job, answer: Answer, p):
+        # Starlette closes this generator when the client disconnects; `finally` then cancels the job.
+        try:
+            if answer.kind == "chat":
+                yield sse(answer.first_chunk())
+            text, records, entries = "", [], []
+            while answer.finish_reason is None:
+                try:
+                    out = self._apply(answer, await self._next(None, job))
+                except APIError as e:
+                    yield sse(e.body())
+                    break
+                if out is None:
+                    continue
+                text += out[0]
+                records += out[1]
+                entries += out[2] or []
+                # Text held back (a possible stop string, an unfinished UTF-8
+                # character) travels with the token that completes it.
+                if text or answer.finish_reason is not None:
+                    last = answer.finish_reason is not None
+                    yield sse(answer.chunk(text, records, entries if p.logprobs else None,
+                                           answer.finish_reason if last else None))
+                    text, records, entries = "", [], []
+            if p.include_usage and answer.finish_reason is not None:
+                yield sse(answer.usage_chunk())
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancelled = True
+
+    async def models(self, request: Request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.engine.name, "object": "model", "created": int(time.time()), "owned_by": "entropix-mlx"}]})
+
+    async def health(self, request: Request):
+        return JSONResponse({"status": "ok", "model": self.engine.name, "busy": self.engine.busy,
+                             "waiting": self.engine.waiting, "served": self.engine.served,
+                             "cancelled": self.engine.cancelled,
+                             "prefix_cache": {"entries": len(self.engine.prefix_cache),
+                                              "tokens": self.engine.prefix_cache.tokens}})
+
+    async def info(self, request: Request):
+        """What the page needs: samplers, strategy colours, the card's thresholds."""
+        cfg, source = resolve_config(self.engine.name)
+        return JSONResponse({"model": self.engine.name, "context": self.engine.context,
+                             "samplers": list(SAMPLER_NAMES), **page_info(SAMPLER_NAMES),
+                             "thresholds": {k: getattr(cfg, k) for k in THRESHOLDS}, "thresholds_from": source})
+
+    async def page(self, request: Request):
+        return FileResponse(str(STATIC / "index.html"))
+
+
+class _Auth:
+    """`Authorization: Bearer KEY` on every /v1/ route (the page and /health stay open:
+    they hold no model output; the page asks for the key and sends it)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = header.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                e = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None,
+                             code="invalid_api_key")
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, api_key: str | None = None, allow_origins: list[str] | None = None,
+               max_body: int = MAX_BODY) -> Starlette:
+    server = Server(engine, api_key, max_body)
+    routes = [
+        Route("/", server.page),
+        Route("/health", server.health),
+        Route("/v1/models", server.models),
+        Route("/v1/entropix/info", server.info),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+    middleware = []
+    if allow_origins:   # off unless asked for: a page elsewhere must not drive a local model
+        middleware.append(Middleware(CORSMiddleware, allow_origins=allow_origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"]))
+    if api_key:
+        middleware.append(Middleware(_Auth, key=api_key))
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.close()
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.server = server
+    return app

@@ -1,0 +1,161 @@
+"""The server's model owner: one worker thread runs every generation.
+
+Requests are queued (`Engine.submit`) and answered one at a time, in arrival
+order, by `generate`'s decode loop; the worker hands each token to the
+request's asyncio queue as soon as it is produced. One thread owns the model,
+the tokenizer's streaming detokenizer and the prefix cache, so no two requests
+ever share mutable state, and outputs cannot mix. Why not batched rows: see
+README, "Server and web page" (measured throughput with 1 and 8 clients).
+
+A job is cancelled (its client went away) by setting `cancelled`; the worker
+checks it between tokens, and skips a job cancelled while queued.
+"""
+
+import asyncio
+import queue
+import random
+import threading
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ..errors import ContextOverflowError, EntropixError
+from ..generate import generate
+from .prefix_cache import PrefixCache
+from .responses import chat_logprob, record
+from .stops import StopScanner
+
+
+@dataclass
+class Job:
+    ids: list[int]                 # prompt token ids, template applied
+    sampler: object
+    max_tokens: int
+    seed: int
+    logprobs: bool = False         # an OpenAI logprobs entry per token
+    top_logprobs: int = 0          # alternatives per token (0: none computed)
+    stop: list[str] = field(default_factory=list)
+    cancelled: bool = False
+    # Filled by `submit`: where the worker's events go.
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue | None = None
+
+
+class TopLogprobs:
+    """Wraps a sampler to record, at each decision, the k most likely next
+    tokens and their log-probabilities under the model (natural log, before
+    temperature or filtering: the same distribution as `TokenEvent.logprob`).
+    A choice of several tokens (a thinking insertion) has alternatives only
+    for its first token."""
+
+    def __init__(self, sampler, k: int):
+        self.sampler, self.k = sampler, k
+        self.pending: list = []        # one entry per chosen token, in order
+
+    def __getattr__(self, name):      # name, config, config_source...
+        return getattr(self.sampler, name)
+
+    def reset(self):
+        self.sampler.reset()
+        self.pending = []
+
+    def choose(self, step, key):
+        choice = self.sampler.choose(step, key)
+        logprobs = step.logits.astype(mx.float32)
+        logprobs = logprobs - mx.logsumexp(logprobs)
+        k = min(self.k, logprobs.shape[-1])
+        top = mx.argpartition(-logprobs, k - 1)[:k]
+        values = logprobs[top]
+        pairs = sorted(zip(top.tolist(), values.tolist()), key=lambda p: -p[1])
+        self.pending += [pairs] + [[] for _ in choice.tokens[1:]]
+        return choice
+
+
+class Engine:
+    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.context = model.args.max_position_embeddings
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="entropix-engine", daemon=True)
+        # The Hugging Face tokenizer is not safe to use from two threads at once
+        # (encoding with split_special_tokens flips a flag on the shared backend):
+        # the app encodes prompts and the worker decodes logprob tokens under this.
+        self.tokenizer_lock = threading.Lock()
+        self.busy = False
+        self.served = 0          # jobs run (to the end or stopped)
+        self.cancelled = 0       # jobs stopped early because their client went away
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, job: Job) -> Job:
+        job.loop = asyncio.get_running_loop()
+        job.events = asyncio.Queue()
+        self._queue.put(job)
+        return job
+
+    def close(self):
+        self._queue.put(None)
+
+    def _emit(self, job: Job, *event):
+        job.loop.call_soon_threadsafe(job.events.put_nowait, event)
+
+    def _work(self):
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if job.cancelled:
+                self.cancelled += 1
+                continue
+            self.busy = True
+            try:
+                self._run(job)
+            except EntropixError as e:     # e.g. a config the sampler rejects mid-way
+                self._emit(job, "error", str(e))
+            except Exception as e:         # a bug: report it to this client, keep serving the others
+                self._emit(job, "error", f"internal error: {type(e).__name__}: {e}")
+            finally:
+                self.busy = False
+                self.served += 1
+
+    def _run(self, job: Job):
+        cache, cached = self.prefix_cache.take(job.ids)
+        sampler = TopLogprobs(job.sampler, job.top_logprobs) if job.top_logprobs else job.sampler
+        generation = generate(self.model, self.tokenizer, job.ids[cached:], sampler,
+                              max_tokens=job.max_tokens, seed=job.seed, cache=cache)
+        self._emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
+        scanner = StopScanner(job.stop)
+        finish = None
+        try:
+            for event in generation:
+                top = sampler.pending.pop(0) if job.top_logprobs else None
+                entry = None
+                if job.logprobs:
+                    with self.tokenizer_lock:
+                        entry = chat_logprob(self.tokenizer, event, top)
+                text, hit = scanner.feed(event.text)
+                self._emit(job, "token", record(event), entry, text)
+                if hit:
+                    finish = "stop"
+                    break
+                if job.cancelled:
+                    finish = "cancelled"
+                    self.cancelled += 1
+                    break
+        except ContextOverflowError:    # a branch rollout looked past the end of the context
+            finish = "length"
+        if finish is None:
+            finish = {"eos": "stop"}.get(generation.finish_reason, "length")
+        tail = scanner.flush() if finish != "stop" else ""
+        # The cache now holds the prompt and (nearly) every answer token: keep it
+        # for the next turn of this conversation.
+        self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
+        self._emit(job, "end", finish, tail, generation.summary())
+
+
+def random_seed() -> int:
+    return random.SystemRandom().randrange(2**63)

@@ -1,0 +1,114 @@
+"""OpenAI response objects, plus the `entropix` token records.
+
+A record is what `run --json` writes for a token (`TokenEvent.to_dict()`: token,
+text, strategy, the six metrics, the sampling parameters, logprob), made
+JSON-safe: MLX scalars become numbers, NaN and infinities null.
+"""
+
+import math
+import time
+import uuid
+
+
+def plain(value):
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def record(event) -> dict:
+    return plain(event.to_dict())
+
+
+def _token_entry(tokenizer, token: int, logprob) -> dict:
+    text = tokenizer.decode([token])
+    return {"token": text, "logprob": plain(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprob(tokenizer, event, top) -> dict:
+    """One entry of OpenAI's `logprobs.content`."""
+    entry = _token_entry(tokenizer, event.token, event.logprob)
+    entry["top_logprobs"] = [_token_entry(tokenizer, t, lp) for t, lp in (top or [])]
+    return entry
+
+
+class Answer:
+    """What a request has produced so far, in both the streamed and the whole
+    form: text, token records, logprobs, usage."""
+
+    def __init__(self, kind: str, model: str, seed: int, warnings: list[str]):
+        self.kind, self.model, self.seed, self.warnings = kind, model, seed, warnings
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.text, self.records, self.logprobs = "", [], []
+        self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
+        self.finish_reason = None
+
+    @property
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def _logprobs_field(self, entries: list[dict]):
+        if self.kind == "chat":
+            return {"content": entries}
+        offsets, at = [], len(self.text) - sum(len(e["token"]) for e in entries)
+        for e in entries:
+            offsets.append(at)
+            at += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+    def _choice(self, text: str, records: list, logprobs: list | None, finish, delta: bool) -> dict:
+        choice = {"index": 0}
+        if self.kind == "chat" and delta:
+            choice["delta"] = {"content": text} if text else {}
+        elif self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self._logprobs_field(logprobs) if logprobs is not None else None
+        choice["finish_reason"] = finish
+        choice["entropix"] = records
+        return choice
+
+    def _envelope(self, chunk: bool) -> dict:
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        out = {"id": self.id, "object": obj + (".chunk" if chunk and self.kind == "chat" else ""),
+               "created": self.created, "model": self.model, "system_fingerprint": f"entropix-seed-{self.seed}"}
+        return out
+
+    def chunk(self, text: str, records: list, logprobs: list | None, finish=None) -> dict:
+        out = self._envelope(True)
+        out["choices"] = [self._choice(text, records, logprobs, finish, delta=True)]
+        return out
+
+    def first_chunk(self) -> dict:
+        """Chat streams open with the assistant's role, as OpenAI's do."""
+        out = self._envelope(True)
+        out["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                           "finish_reason": None, "entropix": []}]
+        out["seed"], out["warnings"] = self.seed, self.warnings
+        return out
+
+    def usage_chunk(self) -> dict:
+        out = self._envelope(True)
+        out["choices"], out["usage"] = [], self.usage
+        return out
+
+    def whole(self, want_logprobs: bool) -> dict:
+        out = self._envelope(False)
+        out["choices"] = [self._choice(self.text, self.records, self.logprobs if want_logprobs else None,
+                                       self.finish_reason, delta=False)]
+        out["usage"], out["seed"], out["warnings"] = self.usage, self.seed, self.warnings
+        return out

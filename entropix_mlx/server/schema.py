@@ -1,0 +1,194 @@
+"""Request validation for the OpenAI-compatible endpoints.
+
+Every field the server honours is checked here and turned into `Params`; a bad
+value raises `APIError`, which the app sends as OpenAI's error object (400,
+`param` naming the field). Fields we do not know are ignored, as OpenAI does.
+"""
+
+import math
+import re
+from dataclasses import dataclass, field
+
+MAX_STOPS = 4              # OpenAI's limit
+MAX_TOP_LOGPROBS = 20      # OpenAI's limit for chat
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param, code="invalid_value")
+
+
+@dataclass
+class Params:
+    messages: list[dict] | None = None     # chat
+    prompt: str | None = None              # completions
+    sampler: str = "entropix"
+    max_tokens: int | None = None
+    seed: int | None = None
+    overrides: dict = field(default_factory=dict)   # temperature, top_p, top_k, min_p (None: unset)
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body, name, low=None, high=None, low_open=False, high_open=False):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(name, f"'{name}' must be a number, got {v!r}")
+    if low is not None and (v < low or (low_open and v == low)):
+        raise bad(name, f"'{name}' must be {'>' if low_open else '>='} {low}, got {v}")
+    if high is not None and (v > high or (high_open and v == high)):
+        raise bad(name, f"'{name}' must be {'<' if high_open else '<='} {high}, got {v}")
+    return float(v)
+
+
+def _integer(body, name, low=None, high=None):
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad(name, f"'{name}' must be an integer, got {v!r}")
+    if low is not None and v < low:
+        raise bad(name, f"'{name}' must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise bad(name, f"'{name}' must be <= {high}, got {v}")
+    return v
+
+
+def _boolean(body, name, default=False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(name, f"'{name}' must be true or false, got {v!r}")
+    return v
+
+
+def _content(message: dict, i: int) -> str:
+    """A message's text: a string, or OpenAI's list of parts (text parts only)."""
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content", "only text content parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"messages[{i}].content", f"must be a string or a list of text parts, got {content!r}")
+
+
+def _messages(body) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "'messages' must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}]", "each message must be an object with 'role' and 'content'")
+        role = m.get("role")
+        if role == "developer":      # OpenAI's newer name for the system role
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise bad(f"messages[{i}].role", f"role must be system, user or assistant, got {role!r}")
+        out.append({"role": role, "content": _content(m, i)})
+    if out[-1]["role"] == "assistant":
+        raise bad("messages", "the last message must not be the assistant's: there is nothing to answer")
+    return out
+
+
+def _prompt(body) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise bad("prompt", "'prompt' must be a non-empty string (one prompt per request)")
+    return prompt
+
+
+def _stop(body) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOPS:
+        raise bad("stop", f"'stop' must be a string or a list of at most {MAX_STOPS} strings")
+    return stop
+
+
+def parse(body, chat: bool, sampler_names) -> Params:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", None)
+    p = Params()
+    if chat:
+        p.messages = _messages(body)
+    else:
+        p.prompt = _prompt(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", f"'model' must be a string, got {model!r}")
+    p.model = model
+    sampler = body.get("sampler", "entropix")
+    if sampler not in sampler_names:
+        raise bad("sampler", f"'sampler' must be one of {', '.join(sampler_names)}, got {sampler!r}")
+    p.sampler = sampler
+    n = _integer(body, "n", 1, 1)
+    del n   # only one choice per request; n = 1 is accepted for clients that always send it
+    limit = _integer(body, "max_completion_tokens", 1)
+    p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)
+    p.seed = _integer(body, "seed", 0, 2**63 - 1)
+    p.overrides = {
+        "temperature": _number(body, "temperature", 0, 2),
+        "top_p": _number(body, "top_p", 0, 1, low_open=True),
+        "top_k": _integer(body, "top_k", 0),
+        "min_p": _number(body, "min_p", 0, 1, high_open=True),
+    }
+    p.stop = _stop(body)
+    if chat:
+        p.logprobs = _boolean(body, "logprobs")
+        top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if top and not p.logprobs:
+            raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        p.top_logprobs = top or 0
+    else:   # completions: logprobs is the number of alternatives
+        top = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        p.logprobs, p.top_logprobs = top is not None, top or 0
+    p.stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("stream_options", "'stream_options' must be an object")
+        p.include_usage = _boolean(options, "include_usage")
+    return p
+
+
+_SETTING = re.compile(r"'(\w+)'")
+
+
+def config_error(message: str, overrides: dict) -> APIError:
+    """A sampler's ConfigError as a 400 naming the request field it came from."""
+    match = _SETTING.search(message)
+    name = match.group(1) if match and match.group(1) in overrides else "sampler"
+    return bad(name, message)

@@ -1,0 +1,200 @@
+// Rendering shared by the live page (app.js) and an exported answer: tokens
+// coloured by strategy, the hover/tap details, the legend, the entropy chart.
+// A token here is a `run --json` record plus `alternatives`: [{token, logprob}].
+"use strict";
+const EntropixView = (() => {
+  const METRICS = ["entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength"];
+  const PARAMS = ["temperature", "top_k", "top_p", "min_p"];
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function colorOf(info, strategy) {
+    if (!info.colors[strategy]) {   // a strategy a newer sampler adds: still its own colour
+      const known = Object.keys(info.colors).length;
+      info.colors[strategy] = info.spare_colors[known % info.spare_colors.length];
+    }
+    return info.colors[strategy];
+  }
+
+  function el(tag, attrs = {}, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function legend(container, info, strategies) {
+    container.replaceChildren(el("span", { class: "meta" }, "strategies: "));
+    for (const name of strategies) {
+      const entry = el("span", { class: "entry", "data-strategy": name });
+      const swatch = el("span", { class: "swatch" });
+      swatch.style.background = colorOf(info, name);
+      entry.append(swatch, el("span", {}, name));
+      entry.style.color = colorOf(info, name);
+      container.append(entry);
+    }
+  }
+
+  const fmt = (v, d = 3) => (v === null || v === undefined ? "–" : typeof v === "number" ? (+v.toFixed(d)).toString() : String(v));
+  const visible = (s) => JSON.stringify(s).slice(1, -1);   // "\n" shown as \n, spaces kept
+
+  // One answer: a container of token spans; `tokens` is kept on it for the details.
+  function answer(container, info) {
+    container.classList.add("answer");
+    container.entropixTokens = [];
+    return {
+      add(tok) {
+        const i = container.entropixTokens.push(tok) - 1;
+        const span = el("span", { class: "tok", "data-strategy": tok.strategy, "data-index": i }, tok.text);
+        span.style.color = colorOf(info, tok.strategy);
+        container.append(span);
+        return span;
+      },
+      tokens: container.entropixTokens,
+    };
+  }
+
+  function details(tok) {
+    const box = document.createElement("div");
+    const head = el("div");
+    const name = el("b", {}, tok.strategy);
+    head.append(name, document.createTextNode(`  “${visible(tok.text)}”  id ${tok.token}`));
+    box.append(head);
+    const lp = tok.logprob;
+    box.append(el("div", {}, `logprob ${fmt(lp)}` + (typeof lp === "number" ? `  (p = ${fmt(Math.exp(lp), 4)})` : "")));
+    const table = el("table", { class: "metrics" });
+    for (const k of METRICS) {
+      const row = el("tr", { "data-metric": k });
+      row.append(el("td", {}, k), el("td", { class: "num" }, fmt(tok[k])));
+      table.append(row);
+    }
+    box.append(el("h4", {}, "metrics (bits, bits²)"), table);
+    const params = PARAMS.filter((k) => tok[k] !== undefined).map((k) => `${k} ${fmt(tok[k])}`).join(" · ");
+    if (params) box.append(el("h4", {}, "sampling"), el("div", {}, params));
+    if (tok.note) box.append(el("div", {}, `note: ${tok.note}`));
+    if (tok.alternatives && tok.alternatives.length) {
+      const alts = el("table", { class: "alternatives" });
+      for (const a of tok.alternatives) {
+        const row = el("tr", a.token === tok.text ? { class: "chosen" } : {});
+        row.append(el("td", {}, `“${visible(a.token)}”`), el("td", { class: "num" }, fmt(a.logprob)),
+                   el("td", { class: "num" }, `${fmt(100 * Math.exp(a.logprob), 1)}%`));
+        alts.append(row);
+      }
+      box.append(el("h4", {}, "top alternatives (logprob, p)"), alts);
+    }
+    return box;
+  }
+
+  // Hover (mouse) or tap (touch) a token for its details; one tooltip for the page.
+  function attachTooltip(root, tooltip) {
+    let active = null;
+    const show = (span, x, y) => {
+      const tokens = span.parentElement.entropixTokens;
+      if (!tokens) return;
+      if (active) active.classList.remove("active");
+      active = span;
+      span.classList.add("active");
+      tooltip.replaceChildren(details(tokens[+span.dataset.index]));
+      tooltip.hidden = false;
+      const w = tooltip.offsetWidth, h = tooltip.offsetHeight;
+      tooltip.style.left = `${Math.max(4, Math.min(x + 12, window.innerWidth - w - 4))}px`;
+      tooltip.style.top = `${y + 16 + h > window.innerHeight ? Math.max(4, y - h - 8) : y + 16}px`;
+    };
+    const hide = () => { tooltip.hidden = true; if (active) active.classList.remove("active"); active = null; };
+    root.addEventListener("mouseover", (e) => { const s = e.target.closest(".tok"); if (s) show(s, e.clientX, e.clientY); });
+    root.addEventListener("mouseout", (e) => { if (e.target.closest(".tok")) hide(); });
+    root.addEventListener("click", (e) => {
+      const s = e.target.closest(".tok");
+      if (s) { const r = s.getBoundingClientRect(); show(s, r.left, r.bottom - 8); } else hide();
+    });
+  }
+
+  // Entropy and varentropy per token, with the sampler's thresholds as dashed lines.
+  function chart(svg, tokens, thresholds) {
+    const W = 980, H = 190, L = 34, R = 150, T = 10, B = 22;
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.replaceChildren();
+    const t = thresholds || {};
+    const values = tokens.flatMap((k) => [k.entropy, k.varentropy]).filter((v) => typeof v === "number");
+    const tvals = ["medium_entropy", "high_entropy", "high_varentropy"].map((k) => t[k]).filter((v) => typeof v === "number");
+    const ymax = Math.max(1, ...values, ...tvals) * 1.05;
+    const n = Math.max(tokens.length, 2);
+    const x = (i) => L + (i * (W - L - R)) / (n - 1);
+    const y = (v) => T + (1 - v / ymax) * (H - T - B);
+    const add = (tag, attrs, text) => {
+      const node = document.createElementNS(SVG, tag);
+      for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+      if (text !== undefined) node.textContent = text;
+      svg.append(node);
+      return node;
+    };
+    add("line", { class: "axis", x1: L, x2: W - R, y1: y(0), y2: y(0) });
+    add("line", { class: "axis", x1: L, x2: L, y1: T, y2: y(0) });
+    for (const v of [0, ymax / 2, ymax / 1.05]) add("text", { x: 2, y: y(v) + 3 }, fmt(v, 1));
+    add("text", { x: L, y: H - 6 }, "token 1");
+    add("text", { x: W - R - 40, y: H - 6 }, `token ${tokens.length}`);
+    const lines = [["low_entropy", "entropy-t"], ["medium_entropy", "entropy-t"], ["high_entropy", "entropy-t"],
+                   ["low_varentropy", "varentropy-t"], ["high_varentropy", "varentropy-t"]];
+    const labels = [];
+    for (const [name, cls] of lines) {
+      if (typeof t[name] !== "number" || t[name] > ymax) continue;
+      add("line", { class: `threshold ${cls}`, "data-threshold": name, x1: L, x2: W - R, y1: y(t[name]), y2: y(t[name]) });
+      labels.push([y(t[name]) + 3, `${name} ${fmt(t[name], 2)}`, cls]);
+    }
+    // Labels bottom-up, each at least a line above the one below, so close thresholds stay legible.
+    labels.sort((a, b) => b[0] - a[0]);
+    let floor = Infinity;
+    for (const [ly, text, cls] of labels) {
+      floor = Math.min(ly, floor - 11);
+      add("text", { x: W - R + 4, y: floor, class: `label ${cls}` }, text);
+    }
+    for (const key of ["entropy", "varentropy"]) {
+      const pts = tokens.map((k, i) => (typeof k[key] === "number" ? `${x(i)},${y(k[key])}` : null)).filter(Boolean);
+      if (pts.length) add("polyline", { class: key, "data-series": key, points: pts.join(" ") });
+    }
+    add("text", { x: L + 6, y: T + 10, style: "fill: var(--entropy)" }, "— entropy (bits)");
+    add("text", { x: L + 130, y: T + 10, style: "fill: var(--varentropy)" }, "— varentropy (bits²)");
+  }
+
+  // A whole answer from data (an export): the conversation, the answer, its chart.
+  function renderExport(root, data) {
+    const info = data.info;
+    root.append(el("h1", {}, "entropix-mlx"),
+                el("div", { class: "meta" }, `${data.model} · sampler ${data.sampler} · seed ${data.seed}` +
+                   (info.thresholds_from ? ` · thresholds: ${info.thresholds_from}` : "")));
+    const leg = el("div", { class: "legend" });
+    legend(leg, info, info.legends[data.sampler] || [...new Set(data.tokens.map((t) => t.strategy))]);
+    root.append(leg);
+    for (const m of data.messages || []) {
+      const msg = el("div", { class: `msg ${m.role}` });
+      msg.append(el("div", { class: "who" }, m.role), el("div", { class: "body" }, m.content));
+      root.append(msg);
+    }
+    const msg = el("div", { class: "msg assistant" });
+    const body = el("div");
+    msg.append(el("div", { class: "who" }, "assistant"), body);
+    const view = answer(body, info);
+    data.tokens.forEach((t) => view.add(t));
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "chart");
+    msg.append(svg);
+    if (data.summary) msg.append(el("div", { class: "status" }, data.summary));
+    root.append(msg);
+    chart(svg, data.tokens, info.thresholds);
+    const tip = el("div", { class: "tooltip", role: "tooltip", hidden: "" });
+    document.body.append(tip);
+    attachTooltip(root, tip);
+  }
+
+  // The self-contained file an export writes: this script, the sheet and the data inline.
+  function exportHtml(css, script, data) {
+    const json = JSON.stringify(data).replace(/</g, "\\u003c");
+    return `<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n` +
+      `<title>entropix-mlx answer</title>\n<style>\n${css}</style>\n</head>\n<body class="export">\n` +
+      `<main id="export"></main>\n<script type="application/json" id="entropix-data">${json}<\/script>\n` +
+      `<script>\n${script}<\/script>\n<script>EntropixView.renderExport(document.getElementById("export"), ` +
+      `JSON.parse(document.getElementById("entropix-data").textContent));<\/script>\n</body>\n</html>\n`;
+  }
+
+  return { colorOf, legend, answer, attachTooltip, chart, renderExport, exportHtml, details };
+})();
