@@ -32,7 +32,7 @@ class SamplerConfig:
     min_p: float = 0.03
 
     # Decision thresholds, checked in this order (see entropix.decide):
-    #   argmax   H < low_entropy and V < low_varentropy
+    #   argmax   H < low_entropy and V < low_varentropy, or a top-1 margin >= argmax_margin
     #   think    H > medium_entropy and V < think_varentropy
     #   branch   H < high_entropy and V > high_varentropy
     #   resample H > medium_entropy and V > high_varentropy (so H >= high_entropy after branch)
@@ -46,6 +46,12 @@ class SamplerConfig:
     # varentropy is never that low when its entropy is high (on SmolLM2 no
     # step is), so "think" could never fire; calibration sets this one apart.
     think_varentropy: float = 0.1
+
+    # Argmax also when the best-scored token is at least this many bits
+    # likelier than the second (log2 p1 - log2 p2), whatever H and V say:
+    # the answer-critical case of one clear winner on a long tail. 0 = off
+    # (the reference has no such rule).
+    argmax_margin: float = 0.0
 
     # Which strategies may be chosen; a state whose strategy is left out is
     # handled by "adaptive", which is always available.
@@ -157,6 +163,8 @@ def validate(c: SamplerConfig) -> None:
             bad("attention_layers", "must be \"all\", \"last\" or a list of layer indices")
     elif not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
         bad("attention_layers", "must be \"all\", \"last\" or a non-empty list of layer indices")
+    if c.argmax_margin < 0:
+        bad("argmax_margin", "must be >= 0 (bits; 0 turns the rule off)")
     if c.adaptive_samples < 1:
         bad("adaptive_samples", "must be >= 1")
     if c.adaptive_top_k_max < 1:

@@ -101,11 +101,18 @@ def path_repeats(history: list[int], path: list[int], n: int) -> int:
     return total
 
 
-def decide(entropy: float, varentropy: float, c: SamplerConfig) -> str:
+def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 0.0) -> str:
     """The strategy for a step, checked top to bottom as in the reference; a
-    state whose strategy is not enabled falls through to adaptive."""
+    state whose strategy is not enabled falls through to adaptive.
+
+    `margin` (bits): how much likelier the best-scored token is than the
+    second, log2 p1 - log2 p2. At or above `argmax_margin` the step is argmax
+    whatever the entropy: a long tail raises H and V, but when one token is
+    far ahead (often an answer-critical one: a digit, a name), sampling can
+    only lose it."""
     enabled = c.strategies
-    if entropy < c.low_entropy and varentropy < c.low_varentropy:
+    if (entropy < c.low_entropy and varentropy < c.low_varentropy) or (
+            c.argmax_margin > 0 and margin >= c.argmax_margin):
         state = "argmax"
     elif entropy > c.medium_entropy and varentropy < c.think_varentropy:
         state = "think"
@@ -226,13 +233,13 @@ class EntropixSampler:
         if self._compiled is None:
             self._compiled = mx.compile(self._logits_plan)
         bias_ids, bias_vals = self.bias(step.tokens)
-        metrics, params, idx, tokens, logprobs, kept, think_lp, note = self._compiled(
+        metrics, params, idx, tokens, logprobs, kept, think_lp, note, margin = self._compiled(
             step.logits, attention, key, bias_ids, bias_vals)
         c = self.config
         sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
                  "resample": 1, "adaptive": c.adaptive_samples}
         out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {},
-               "thinking_logprob": think_lp, "note": note}
+               "thinking_logprob": think_lp, "note": note, "margin": margin}
         start = 0
         for s, n in sizes.items():
             out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
@@ -289,7 +296,9 @@ class EntropixSampler:
         param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
         # log p of the thinking text's first token, in case it is inserted
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
-        return metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note   # nats, under the model
+        # bits between the best-scored token and the second (inf when only one is possible)
+        margin = (vals[0] - vals[1]) * NATS_TO_BITS if vals.shape[0] > 1 else mx.array(mx.inf)
+        return metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note, margin
 
     # -- the decision -------------------------------------------------------------
 
@@ -298,7 +307,7 @@ class EntropixSampler:
         plan = self.plan(step, key)
         mx.eval(plan)                          # the step's one host sync
         metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist()))
-        strategy = decide(metrics["entropy"], metrics["varentropy"], c)
+        strategy = decide(metrics["entropy"], metrics["varentropy"], c, plan["margin"].item())
         param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist()))
         tokens = {s: v.tolist() for s, v in plan["tokens"].items()}
         logprobs = {s: v.tolist() for s, v in plan["logprobs"].items()}

@@ -11,7 +11,7 @@ import pytest
 
 from entropix_mlx.cache import make_cache
 from entropix_mlx.config import SamplerConfig
-from entropix_mlx.entropix import EntropixSampler, path_repeats, repeat_counts
+from entropix_mlx.entropix import EntropixSampler, decide, path_repeats, repeat_counts
 from entropix_mlx.generate import generate
 from entropix_mlx.metrics import step_metrics
 from entropix_mlx.samplers import GreedySampler, Step
@@ -167,3 +167,33 @@ def test_argmax_takes_the_likeliest_token_unless_it_repeats():
     # A token far likelier than the rest stays, whatever it repeats (here 1 earlier occurrence: 2 bits < 14).
     far = [10.0, 0.0] + [-10.0] * (V - 2)
     assert sampler.choose(step(far, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0)).tokens == [0]
+
+
+# -- one clear winner on a long tail --------------------------------------------------------------
+
+WINNER = [6.0] + [0.0] * (V - 1)      # p1 ~ 0.38 (8.7 bits ahead of each other token), H ~ 5.5 bits
+
+
+def test_a_clear_top_1_margin_takes_argmax_whatever_the_entropy(tiny_tokenizer):
+    m = {k: v.item() for k, v in step_metrics(mx.array(WINNER), ATTENTION).items()}
+    assert m["entropy"] > SamplerConfig().medium_entropy            # not an argmax state by H and V
+    off = EntropixSampler(SamplerConfig(), tiny_tokenizer)
+    strategies = {off.choose(step(WINNER), mx.random.key(s)).strategy for s in range(4)}
+    assert "argmax" not in strategies
+    on = EntropixSampler(SamplerConfig(argmax_margin=8.0), tiny_tokenizer)
+    for s in range(4):
+        choice = on.choose(step(WINNER), mx.random.key(s))
+        assert choice.strategy == "argmax" and choice.tokens == [0]
+    strict = EntropixSampler(SamplerConfig(argmax_margin=9.0), tiny_tokenizer)   # 8.66 bits is not enough
+    assert strict.choose(step(WINNER), mx.random.key(0)).strategy != "argmax"
+    # The margin is the scored one: when the winner would repeat an n-gram three times over
+    # (6 bits of penalty), it is only 2.66 bits ahead and the rule does not fire.
+    history = [9, 8, 0] * 3 + [9, 8]
+    assert on.choose(step(WINNER, tokens=history), mx.random.key(0)).strategy != "argmax"
+
+
+def test_decide_with_a_margin():
+    c = SamplerConfig(argmax_margin=3.0)
+    assert decide(4.0, 6.0, c, margin=3.0) == "argmax"
+    assert decide(4.0, 6.0, c, margin=2.9) == "branch"
+    assert decide(4.0, 6.0, SamplerConfig(), margin=50.0) == "branch"     # off by default
