@@ -20,12 +20,22 @@ only if they touch it); when they hand back the state after their tokens
 like a new prompt. A choice of several tokens without such a state is queued
 and fed one token per step.
 
+Rows can spawn rows (`Choice.spawn`, used by `deliberate`): each alternative
+token starts a new row at the same position, on a copy of its parent's batch
+row, and is fed in the same forward pass as every other row. With
+`share_prefix`, rows hold only what follows the shared prefix
+(`SharedPrefixBatchCache`), so a spawned row copies its parent's few generated
+positions, never the prompt. Spawned rows come on top of `batch_size` (the
+sampler that spawns them caps them) and are yielded under their root's request
+index, with `parent` and `split` saying where they came from.
+
 On the CPU backend MLX runs each stream's kernels on one thread, so the batch
 is split into one group per core, each with its own cache and stream: their
 forward passes run in parallel, and one group's sampler decisions (Python
 thread) overlap the others' forward passes.
 """
 
+import itertools
 import os
 import time
 from collections import deque
@@ -36,7 +46,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from .backend import gemm_uses_all_cores
-from .cache import KVCache, evaluate, fork_cache, make_cache
+from .cache import (KVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache, visible_columns,
+                    visible_key_mask)
 from .errors import ConfigError, ContextOverflowError
 from .generate import prefill
 from .samplers import Sampler, Step
@@ -57,6 +68,10 @@ class RowResult:
     finish_reason: str = "running"                         # "eos" or "length" when done
     thinking_insertions: int = 0
     prompt_tokens: int = 0
+    metrics: list = field(default_factory=list)           # per generated token, the sampler's metrics dict
+    row: int = 0                                           # this row's number within the call
+    parent: int | None = None                              # spawned rows: the row they branched from
+    split: int | None = None                               # spawned rows: index of their first own token
 
 
 class _RowCache(Sequence):
@@ -74,8 +89,10 @@ class _RowCache(Sequence):
             self._layers = []
             for c in batch_cache:
                 layer = KVCache(max_size)
-                layer.keys = c.keys[row:row + 1, :, pad:length]
-                layer.values = c.values[row:row + 1, :, pad:length]
+                keys, values = c.keys_and_values()
+                p = getattr(c, "prefix_len", 0)     # a shared prefix sits before the padding
+                layer.keys = _visible_positions(keys[row:row + 1, :, :length], pad, p)
+                layer.values = _visible_positions(values[row:row + 1, :, :length], pad, p)
                 layer.offset = length - pad
                 self._layers.append(layer)
         return self._layers
@@ -87,25 +104,54 @@ class _RowCache(Sequence):
         return len(self._args[0])
 
 
+def _visible_positions(x: mx.array, pad: int, prefix: int) -> mx.array:
+    """(1, heads, positions, dim) of one row without its padding positions."""
+    if not prefix:
+        return x[:, :, pad:]
+    return mx.concatenate([x[:, :, :prefix], x[:, :, prefix + pad:]], axis=2)
+
+
 class _Row:
-    def __init__(self, index: int, request: Request, sampler: Sampler):
+    def __init__(self, index: int, request: Request, sampler: Sampler, number: int = 0):
         self.index, self.request, self.sampler = index, request, sampler
         self.key = mx.random.key(request.seed)
-        self.queue: deque = deque()       # (token, logprob, strategy) chosen but not yet fed
-        self.result = RowResult(prompt_tokens=len(request.prompt))
+        self.queue: deque = deque()       # (token, logprob, strategy, metrics) chosen but not yet fed
+        self.result = RowResult(prompt_tokens=len(request.prompt), row=number)
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None             # set when the row's state lives outside the batch
+        self.spawn: list = []             # (token, logprob, metrics) alternatives chosen this step
         sampler.reset()
 
-    def _record(self, token, logprob, strategy):
+    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "_Row":
+        """A row that takes `token` instead of this row's last decision, at the
+        same position. Its key chain is its own, fixed by the request's seed,
+        the position and the token (so it does not depend on the batch)."""
+        at = self.split_point
+        seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
+        row = _Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
+        res, mine = row.result, self.result
+        res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
+        res.strategies, res.metrics = mine.strategies[:at], mine.metrics[:at]
+        res.parent, res.split = mine.row, at
+        row._record(token, logprob, "branch", metrics)
+        if token in self.eos:
+            res.tokens.pop(), res.logprobs.pop(), res.strategies.pop(), res.metrics.pop()
+            res.finish_reason = "eos"
+        elif len(res.tokens) >= self.request.max_tokens:
+            res.finish_reason = "length"
+        return row
+
+    def _record(self, token, logprob, strategy, metrics=None):
         self.result.tokens.append(token)
         self.result.logprobs.append(logprob)
         self.result.strategies.append(strategy)
+        self.result.metrics.append(metrics or {})
 
     def step(self, eos: set, model, row_cache) -> int | None:
         """One decision. Returns the token to feed next; None when the row has
         finished or has advanced itself (then `own_cache` is set)."""
         res, limit = self.result, self.request.max_tokens
+        self.spawn, self.eos = [], eos
         if not self.queue:
             # The key chain of `generate`: one split per sampler decision.
             self.key, step_key = mx.random.split(self.key)
@@ -113,19 +159,21 @@ class _Row:
             res.thinking_insertions += bool(getattr(choice, "inserted", False))
             tokens = choice.tokens[: limit - len(res.tokens)]
             ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
+            if choice.advanced is None and len(tokens) == 1:
+                self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
             if choice.advanced is not None and not ends:
                 for token, logprob in zip(tokens, choice.logprobs):
-                    self._record(token, logprob, choice.strategy)
+                    self._record(token, logprob, choice.strategy, choice.metrics)
                 cache, logits, scores = choice.advanced
                 self.own_cache = list(cache)
                 self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
                 return None
-            self.queue.extend((t, lp, choice.strategy) for t, lp in zip(tokens, choice.logprobs))
-        token, logprob, strategy = self.queue.popleft()
+            self.queue.extend((t, lp, choice.strategy, choice.metrics) for t, lp in zip(tokens, choice.logprobs))
+        token, logprob, strategy, metrics = self.queue.popleft()
         if token in eos:
             res.finish_reason = "eos"
             return None
-        self._record(token, logprob, strategy)
+        self._record(token, logprob, strategy, metrics)
         if len(res.tokens) >= limit:
             res.finish_reason = "length"
             return None
@@ -139,11 +187,13 @@ class _Row:
 class _Group:
     """Rows that share one batched forward pass, on one MLX stream."""
 
-    def __init__(self, samplers: list[Sampler], stream):
+    def __init__(self, samplers: list[Sampler], stream, branch_sampler=None):
         self.free = list(samplers)
         self.stream = stream
         self.rows: list[_Row] = []
         self.cache = None      # per layer, a BatchKVCache over self.rows
+        self.branch_sampler = branch_sampler   # makes the sampler of each spawned row
+        self.numbers = None    # shared counter of row numbers
 
 
 def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
@@ -158,15 +208,16 @@ def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
     row.own_cache = cache
 
 
-def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_len: int):
+def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_len: int, share_prefix=False):
     """One decision per row of the group, then (asynchronously) the group's next
     forward pass; rows that advanced themselves and waiting requests (into
-    freed slots) join the batch. Returns the rows that finished."""
+    freed slots) join the batch, and spawned rows enter on a copy of their
+    parent's batch row. Returns the rows that finished."""
     cache, context = group.cache, model.args.max_position_embeddings
     if cache is not None:
         pads = cache[0].left_padding.tolist()
         length = cache[0].keys_and_values()[0].shape[2]
-    tokens, keep, rejoin, done = [], [], [], []
+    tokens, keep, rejoin, done, spawned, sources = [], [], [], [], [], []
     for i, row in enumerate(group.rows):
         row_cache = _RowCache(cache, i, pads[i], length, context) if cache is not None else None
         token = row.step(eos, model, row_cache)
@@ -175,35 +226,51 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
             keep.append(i)
         elif row.finished:
             done.append(row)
-            group.free.append(row.sampler)
+            if row.result.parent is None:   # a spawned row's sampler is not a batch slot's
+                group.free.append(row.sampler)
         else:
             rejoin.append(row)
+        for alt, logprob, metrics in row.spawn:   # children of row i, at the position it just decided
+            sampler = group.branch_sampler()
+            child = row.child(alt, logprob, metrics, sampler, next(group.numbers))
+            if child.finished:
+                done.append(child)
+            else:
+                spawned.append(child)
+                sources.append(i)
+    tokens += [c.result.tokens[-1] for c in spawned]
 
     with mx.stream(group.stream):
         outputs = []
-        if keep:
-            if len(keep) < len(group.rows):
+        if keep or spawned:
+            rows = keep + sources
+            if rows != list(range(len(group.rows))):
                 for c in cache:
-                    c.filter(mx.array(keep))
+                    c.filter(mx.array(rows))   # a repeated row is a copy: the spawned row's own cache
                 pads = cache[0].left_padding.tolist()
                 length = cache[0].keys_and_values()[0].shape[2]
-            key_mask = mx.arange(length + 1)[None] >= mx.array(pads)[:, None]
+            key_mask = visible_key_mask(cache[0], length + 1)
             logits, scores = model(mx.array(tokens)[:, None], cache, key_mask=key_mask)
             outputs += [logits, scores]
         else:
             cache = None
-        group.rows = [group.rows[i] for i in keep]
+        group.rows = [group.rows[i] for i in keep] + spawned
+        prefix = getattr(cache[0], "prefix_len", 0) if cache is not None else 0
         for i, row in enumerate(group.rows):
-            row.logits, row.scores = logits[i, -1], [s[i, :, pads[i]:] for s in scores]
+            row.logits, row.scores = logits[i, -1], [visible_columns(s[i], pads[i], prefix) for s in scores]
 
         while pending and group.free:
             index, request = pending.popleft()
-            row = _Row(index, request, group.free.pop())
+            row = _Row(index, request, group.free.pop(), next(group.numbers))
             _prefill_row(model, row, prefix_cache, prefix_len)
             rejoin.append(row)
         if rejoin:
             outputs += [(row.logits, row.scores) for row in rejoin]
-            merged = [BatchKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
+            if share_prefix:
+                merged = [SharedPrefixBatchCache.merge_rows(p, list(layer))
+                          for p, layer in zip(prefix_cache, zip(*(row.own_cache for row in rejoin)))]
+            else:
+                merged = [BatchKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
             for row in rejoin:
                 row.own_cache = None
             if cache is None:
@@ -246,7 +313,9 @@ def default_groups(batch_size: int, model=None) -> int:
 
 def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Callable[[], Sampler],
                    batch_size: int = 8, prefix: list[int] | None = None,
-                   groups: int | None = None) -> Iterator[tuple[int, RowResult, float]]:
+                   groups: int | None = None, share_prefix: bool = False,
+                   branch_sampler: Callable[[], Sampler] | None = None,
+                   ) -> Iterator[tuple[int, RowResult, float]]:
     """Answer every request; yields `(request index, result, seconds)` as rows
     finish (not in request order). `seconds` is the wall time since the previous
     yield, so the seconds of a whole run add up to its duration.
@@ -254,7 +323,11 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
     `prefix`: tokens every prompt starts with (e.g. the chat template's system
     turn), run through the model once and shared by all rows. `groups`: how many
     parallel streams the batch is split into (default: `default_groups`). One
-    sampler per batch slot, reset for each new request."""
+    sampler per batch slot, reset for each new request.
+
+    `share_prefix`: the batch stores the prefix once, not per row (for rows
+    that fork, see `Choice.spawn`). `branch_sampler`: makes the sampler of
+    each spawned row (default: `make_sampler`)."""
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1, got {batch_size}")
     eos = set(tokenizer.eos_token_ids)
@@ -269,6 +342,8 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
     prefix = list(prefix or [])
     if prefix and any(len(r.prompt) <= len(prefix) or r.prompt[:len(prefix)] != prefix for r in requests):
         raise ValueError("every prompt must start with the prefix and be longer than it")
+    if share_prefix and not prefix:
+        raise ValueError("share_prefix needs a prefix")
     prefix_cache = None
     if prefix and requests:
         prefix_cache = make_cache(model)
@@ -278,14 +353,18 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
     batch_size = min(batch_size, max(1, len(requests)))
     n_groups = min(groups or default_groups(batch_size, model), batch_size)
     sizes = [batch_size // n_groups + (g < batch_size % n_groups) for g in range(n_groups)]
-    all_groups = [_Group([make_sampler() for _ in range(n)], s) for n, s in zip(sizes, _streams(n_groups))]
+    all_groups = [_Group([make_sampler() for _ in range(n)], s, branch_sampler or make_sampler)
+                  for n, s in zip(sizes, _streams(n_groups))]
+    numbers = itertools.count()
+    for group in all_groups:
+        group.numbers = numbers
     pending = deque(enumerate(requests))
     last = time.perf_counter()
     for group in all_groups:   # fill every slot before the first decision
-        _step(model, group, eos, pending, prefix_cache, len(prefix))
+        _step(model, group, eos, pending, prefix_cache, len(prefix), share_prefix)
     while any(g.rows for g in all_groups):
         for group in all_groups:
-            for row in _step(model, group, eos, pending, prefix_cache, len(prefix)):
+            for row in _step(model, group, eos, pending, prefix_cache, len(prefix), share_prefix):
                 now = time.perf_counter()
                 yield row.index, row.result, now - last
                 last = now

@@ -7,6 +7,7 @@ model's context) and a cheap fork for branching and multi-turn chat.
 """
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.models.cache import KVCache as _MlxLmKVCache
 
 from .errors import ContextOverflowError
@@ -100,3 +101,73 @@ class SharedPrefixCache:
         """The keys and values row i added, to append to the parent."""
         written = self.offset - self.start
         return self.keys[i:i + 1, :, :written, :], self.values[i:i + 1, :, :written, :]
+
+
+class SharedPrefixBatchCache(BatchKVCache):
+    """mlx-lm's BatchKVCache for rows that all start with one prefix, stored once.
+
+    The rows hold only the positions after the prefix (left-padded as usual);
+    the prefix's keys are put in front when attention reads them, a transient
+    broadcast that is never stored per row. So rows may be forked freely
+    (`filter` with a repeated index, as `deliberate` does at each branch): a
+    fork copies the row's own few positions, never the prompt.
+
+    Row i's keys are laid out [prefix | left padding i | its own positions];
+    `visible(i)` says which of them the row really sees.
+    """
+
+    def __init__(self, prefix: KVCache, left_padding: list[int]):
+        super().__init__(left_padding)
+        self.prefix_len = prefix.offset
+        self.prefix_keys = prefix.keys[..., : prefix.offset, :]
+        self.prefix_values = prefix.values[..., : prefix.offset, :]
+        self.offset = self.offset + self.prefix_len   # RoPE positions continue after the prefix
+
+    def keys_and_values(self):
+        keys, values = super().keys_and_values()
+        rows = keys.shape[0]
+        return (mx.concatenate([mx.broadcast_to(self.prefix_keys, (rows, *self.prefix_keys.shape[1:])), keys], 2),
+                mx.concatenate([mx.broadcast_to(self.prefix_values, (rows, *self.prefix_values.shape[1:])), values], 2))
+
+    def make_mask(self, n_queries: int, return_array: bool = False, **kwargs):
+        p, end = self.prefix_len, self.prefix_len + self._idx + n_queries
+        keys = mx.arange(end)[None]
+        queries = mx.arange(end - n_queries, end)[:, None]
+        pad = self.left_padding[:, None, None, None]
+        return (queries >= keys) & ((keys < p) | (keys >= p + pad))
+
+    @classmethod
+    def merge_rows(cls, prefix: KVCache, caches: list[KVCache]) -> "SharedPrefixBatchCache":
+        """Batch-1 caches that each start with `prefix` (forks of it) as one
+        batch holding only what each added after it."""
+        p = prefix.offset
+        lengths = [c.offset - p for c in caches]
+        longest = max(lengths)
+        merged = cls(prefix, [longest - n for n in lengths])
+        if longest == 0:
+            return merged
+        shape = lambda a: (len(caches), a.shape[1], longest, a.shape[3])   # noqa: E731
+        merged.keys = mx.zeros(shape(caches[0].keys), caches[0].keys.dtype)
+        merged.values = mx.zeros(shape(caches[0].values), caches[0].values.dtype)
+        for i, (n, c) in enumerate(zip(lengths, caches)):
+            merged.keys[i:i + 1, :, longest - n:] = c.keys[..., p:c.offset, :]
+            merged.values[i:i + 1, :, longest - n:] = c.values[..., p:c.offset, :]
+        merged.offset = merged.offset + longest
+        merged._idx = longest
+        return merged
+
+
+def visible_key_mask(cache, length: int) -> mx.array:
+    """(rows, length): which of a batch cache's `length` key columns each row
+    sees (its left padding is hidden; a shared prefix is seen by every row)."""
+    columns = mx.arange(length)[None]
+    pad = cache.left_padding[:, None]
+    prefix = getattr(cache, "prefix_len", 0)
+    return (columns < prefix) | (columns >= prefix + pad)
+
+
+def visible_columns(row_scores: mx.array, pad: int, prefix: int = 0) -> mx.array:
+    """One row's (heads, keys) attention scores without its padding columns."""
+    if not prefix:
+        return row_scores[..., pad:]
+    return mx.concatenate([row_scores[..., :prefix], row_scores[..., prefix + pad:]], axis=-1)

@@ -33,6 +33,9 @@ class Choice:
     advanced: tuple | None = None
     inserted: bool = False      # the tokens are an inserted thinking text, not sampled
     note: str = ""              # what the sampler had to repair, e.g. NaN logits ("" when nothing)
+    # Alternatives to this (one-token) choice, each to start a row of its own at
+    # this position in batched generation: (token, logprob, metrics). See batch.py.
+    spawn: list = field(default_factory=list)
 
 
 class Sampler(Protocol):

@@ -1,0 +1,189 @@
+"""`deliberate`: branches start exactly where the metrics cross the thresholds,
+each branch equals an independent greedy run from its split, the greedy answer
+is always a candidate, the budget holds, and runs reproduce."""
+
+import math
+
+import pytest
+from conftest import make_tiny_model
+
+from entropix_mlx.batch import Request, generate_batch
+from entropix_mlx.deliberate import (BranchSampler, Candidate, answer_scores, answer_token_span, default_answer,
+                                     deliberate, deliberate_batch, select)
+from entropix_mlx.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
+from entropix_mlx.errors import ConfigError
+from entropix_mlx.generate import generate
+from entropix_mlx.samplers import GreedySampler
+
+TEXTS = ["What is 7 + 5?", "hi", "a somewhat longer question about nothing in particular"]
+WIDE = dict(max_branches=50, budget=100.0)   # no cap: only the thresholds decide
+
+
+@pytest.fixture(scope="module")
+def model():
+    # untied embeddings: the random tiny model then answers differently per prompt
+    return make_tiny_model(0, tie_word_embeddings=False)
+
+
+def prompt_of(tokenizer, text):
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def greedy_run(model, tokenizer, prompt, max_tokens):
+    return list(generate(model, tokenizer, prompt, GreedySampler(), max_tokens=max_tokens))
+
+
+def test_branches_start_exactly_where_entropy_or_varentropy_cross_the_thresholds(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    events = greedy_run(model, tiny_tokenizer, prompt, 12)
+    entropies = sorted(e.metrics["entropy"] for e in events)
+    varentropies = sorted(e.metrics["varentropy"] for e in events)
+    for h, v in [(entropies[6], 1e9), (1e9, varentropies[8]), (entropies[9], varentropies[9])]:
+        cfg = DeliberateConfig(first_alternatives=0, branch_entropy=h, branch_varentropy=v, alternatives=1,
+                               max_branch_points=50, **WIDE)
+        d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12)
+        expected = [i for i, e in enumerate(events) if i > 0 and
+                    (e.metrics["entropy"] > h or e.metrics["varentropy"] > v)]
+        assert 0 < len(expected) < 11     # the thresholds really split the positions
+        assert d.candidates[0].branched_at == expected
+        assert sorted(c.split for c in d.candidates[1:]) == expected
+
+
+def test_first_token_alternatives_and_the_branch_point_cap(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    cfg = DeliberateConfig(first_alternatives=3, branch_entropy=0.0, alternatives=2, max_branch_points=2, **WIDE)
+    d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=10)
+    splits = [c.split for c in d.candidates[1:]]
+    assert splits == [0, 0, 0, 1, 1, 2, 2]      # 3 at the first token, then 2 at each of 2 points
+    root = d.candidates[0]
+    # the alternatives are the next most likely tokens, most likely first
+    first = [c.tokens[0] for c in d.candidates[1:4]]
+    assert len(set(first + [root.tokens[0]])) == 4
+
+
+def test_every_branch_equals_an_independent_greedy_run_from_its_split(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    cfg = DeliberateConfig(first_alternatives=4, branch_entropy=0.0, alternatives=1, max_branch_points=3, **WIDE)
+    d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=9)
+    assert len(d.candidates) == 8
+    root = d.candidates[0]
+    assert root.tokens == [e.token for e in greedy_run(model, tiny_tokenizer, prompt, 9)]
+    for c in d.candidates[1:]:
+        assert c.parent == root.row and c.tokens[:c.split] == root.tokens[:c.split]
+        assert c.tokens[c.split] != root.tokens[c.split]
+        head = c.tokens[:c.split + 1]
+        rest = greedy_run(model, tiny_tokenizer, prompt + head, 9 - len(head))
+        assert c.tokens == head + [e.token for e in rest]
+        assert c.own_tokens == len(c.tokens) - c.split
+
+
+def test_the_greedy_answer_is_always_a_candidate_and_kept_by_default(model, tiny_tokenizer):
+    for text in TEXTS:
+        prompt = prompt_of(tiny_tokenizer, text)
+        greedy = [e.token for e in greedy_run(model, tiny_tokenizer, prompt, 8)]
+        for budget in (1.0, 2.5, 6.0):
+            d = deliberate(model, tiny_tokenizer, prompt, DeliberateConfig(budget=budget, selector="greedy"),
+                           max_tokens=8)
+            assert d.candidates[0].parent is None and d.candidates[0].tokens == greedy
+            assert d.chosen == 0
+
+
+@pytest.mark.parametrize("budget, branches", [(1.0, 5), (2.9, 5), (4.0, 5), (6.0, 5), (6.0, 2), (30.0, 40)])
+def test_tokens_stay_within_the_budget(model, tiny_tokenizer, budget, branches):
+    cfg = DeliberateConfig(first_alternatives=4, branch_entropy=0.0, alternatives=3, max_branch_points=10,
+                           max_branches=branches, budget=budget)
+    for text in TEXTS:
+        d = deliberate(model, tiny_tokenizer, prompt_of(tiny_tokenizer, text), cfg, max_tokens=10)
+        assert len(d.candidates) == cfg.max_candidates == min(branches + 1, math.floor(budget))
+        assert d.tokens_spent <= budget * d.longest
+        assert d.tokens_spent == sum(len(c.tokens) - (c.split or 0) for c in d.candidates)
+
+
+def test_runs_reproduce_and_do_not_depend_on_what_shares_the_batch(model, tiny_tokenizer):
+    cfg = DeliberateConfig(first_alternatives=2, branch_entropy=0.0, alternatives=1, max_branch_points=2)
+    prompts = [prompt_of(tiny_tokenizer, t) for t in TEXTS]
+    requests = [Request(p, seed=3, max_tokens=7) for p in prompts]
+    alone = [deliberate(model, tiny_tokenizer, p, cfg, max_tokens=7, seed=3).to_dict() for p in prompts]
+    again = [deliberate(model, tiny_tokenizer, p, cfg, max_tokens=7, seed=3).to_dict() for p in prompts]
+    together = {i: d.to_dict() for i, d, _ in deliberate_batch(model, tiny_tokenizer, requests, cfg, batch_size=3)}
+    assert alone == again
+
+    def paths(d):
+        return [(c["parent"] is None, c["split"], c["tokens"]) for c in d["candidates"]]
+
+    assert [paths(together[i]) for i in range(3)] == [paths(d) for d in alone]
+
+
+def test_a_shared_prefix_batch_equals_unbatched_runs(model, tiny_tokenizer):
+    """Rows of different lengths: the padding sits between the shared prefix
+    and each row's own positions, and must stay hidden."""
+    prompts = [prompt_of(tiny_tokenizer, t) for t in TEXTS]
+    prefix = prompts[0][:4]
+    requests = [Request(p, 0, 6) for p in prompts]
+    out = {i: r for i, r, _ in generate_batch(model, tiny_tokenizer, requests, GreedySampler, 3, prefix=prefix,
+                                              share_prefix=True, groups=1)}
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == [e.token for e in greedy_run(model, tiny_tokenizer, p, 6)]
+
+
+def cand(answer, parent=0, margin=0.5, logprob=-1.0):
+    return Candidate(row=0, parent=parent, split=None if parent is None else 0, tokens=[1], text="", answer=answer,
+                     logprobs=[logprob], margins=[margin], finish_reason="eos", own_tokens=1,
+                     mean_logprob=logprob, answer_margin=margin)
+
+
+def test_selectors_score_answers_and_keep_greedy_unless_beaten_by_the_margin():
+    cands = [cand("7", None, 0.4, -0.5), cand("8", margin=0.3, logprob=-0.4), cand("8", margin=0.3, logprob=-2.0),
+             cand(None, margin=0.9)]
+    assert answer_scores(cands, "margin") == pytest.approx({"7": 0.4, "8": 0.6})
+    assert answer_scores(cands, "vote") == {"7": 1.0, "8": 2.0}
+    assert answer_scores(cands, "logprob") == {"7": -0.5, "8": -0.4}
+    assert answer_scores(cands, "max_margin") == {"7": 0.4, "8": 0.3}
+    assert answer_scores(cands, "weighted_vote") == pytest.approx({"7": math.exp(-0.5),
+                                                                   "8": math.exp(-0.4) + math.exp(-2.0)})
+    assert select(cands, "margin", 0.0)[0] == 1                # "8" wins; its likelier candidate
+    assert select(cands, "margin", 0.25)[0] == 0               # 0.6 - 0.4 is within the margin
+    assert select(cands, "max_margin", 0.0)[0] == 0
+    assert select([cand(None, None), cand("3")], "vote")[0] == 1   # no greedy answer: any answer beats it
+    assert select([cand(None, None), cand(None)], "vote")[0] == 0
+
+
+def test_answer_helpers(tiny_tokenizer):
+    assert default_answer("The answer is 1,250.0 apples") == "1250"
+    assert default_answer("So -3.") == "-3"
+    assert default_answer("\nParis, of course!\nmore") == "paris of course"
+    tokens = tiny_tokenizer.encode("It is 42 then", add_special_tokens=False)
+    span = answer_token_span(tiny_tokenizer, tokens, "42")
+    assert tiny_tokenizer.decode([tokens[i] for i in span]) == "42"
+    assert answer_token_span(tiny_tokenizer, tokens, "forty") == list(range(len(tokens)))
+
+
+def test_the_root_sampler_alone_spawns():
+    assert BranchSampler(spawns=False).spawns is False and BranchSampler().spawns is True
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"budget": 0.5}, "'budget' = 0.5 is invalid"),
+    ({"selector": "best"}, "'selector' = 'best' is invalid: choose one of"),
+    ({"alternatives": -1}, "'alternatives' = -1 is invalid"),
+    ({"branch_entropy": -1.0}, "cannot be negative"),
+    ({"min_probability": 1.0}, "must be in [0, 1)"),
+    ({"max_branches": 2.5}, "must be a whole number"),
+    ({"margin": float("nan")}, "must be a finite number"),
+])
+def test_invalid_settings_are_one_line_errors(changes, message):
+    with pytest.raises(ConfigError) as e:
+        DeliberateConfig(**changes)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_from_a_table_the_card_and_overrides(tmp_path):
+    path = tmp_path / "d.toml"
+    path.write_text('[sampler]\nlow_entropy = 1.0\n[deliberate]\nbudget = 3\nselector = "vote"\n')
+    cfg = load_config(path)
+    assert cfg.budget == 3.0 and cfg.selector == "vote" and cfg.max_candidates == 3
+    path.write_text("[deliberate]\nbudgett = 3\n")
+    with pytest.raises(ConfigError, match="unknown deliberate setting 'budgett'"):
+        load_config(path)
+    cfg, source = resolve_deliberate("smollm2-135m", None, budget=2.0)
+    assert cfg.budget == 2.0 and "smollm2-135m.toml" in source and "budget=2.0" in source
