@@ -1,6 +1,7 @@
 """`entropix-mlx eval TASKS.jsonl`: accuracy of each sampler, with intervals and
-a paired comparison against greedy. The table (or, with --json, one JSON object)
-goes to stdout; the progress bar goes to stderr."""
+a paired comparison against greedy; `eval --open [PROMPTS.txt]`: open-text
+quality (repetition, loops, log-probability, early endings). The table (or, with
+--json, one JSON object) goes to stdout; the progress bar goes to stderr."""
 
 import json
 import sys
@@ -16,10 +17,13 @@ from entropix_mlx.sampler_registry import SAMPLER_NAMES
 
 from .run import WeightsOpt
 
-# Defaults sized so that `eval --builtin --samplers greedy,entropix` (40 items,
-# 2 samplers) finishes in a few minutes on a 2-core CPU with the bundled model:
-# short answers need few tokens, and 8 rows per batch keep both cores busy.
+DEFAULT_OPEN_TOKENS = 64      # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: it loads MLX)
+
+# Short answers need few tokens, and 8 rows per batch keep both cores of a small
+# CPU busy. A chain of thought needs room to reason (GSM8K solutions run to ~100-200
+# tokens); open text is judged on its first 64 tokens.
 DEFAULT_MAX_TOKENS = 32
+COT_MAX_TOKENS = 256
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_SAMPLERS = "greedy,entropix"
 
@@ -35,26 +39,36 @@ def _samplers(value: str) -> list[str]:
 
 def eval_command(
     tasks: Annotated[Path | None, typer.Argument(
-        help="JSON Lines task file (question, answer, optional choices and prompt).", show_default=False)] = None,
+        help="JSON Lines task file (question, answer, optional choices, prompt, split, category); "
+             "with --open, a text file with one prompt per line.", show_default=False)] = None,
     builtin: Annotated[bool, typer.Option(
         "--builtin", help="Use the built-in task file (393 short arithmetic and factual questions, "
                           "about half dev, half test).")] = False,
+    open_text: Annotated[bool, typer.Option(
+        "--open", help="Open-text quality instead of accuracy: each sampler writes for each prompt of "
+                       "PROMPTS.txt (default: 24 built-in prompts).")] = False,
+    cot: Annotated[bool, typer.Option(
+        "--cot", help="Chain of thought: the model reasons step by step and ends with 'Answer: ...'; "
+                      "the answer is read from its last line. For larger models.")] = False,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", show_default=DEFAULT_MODEL,
         help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
     samplers: Annotated[str, typer.Option(
         "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline).")]
     = DEFAULT_SAMPLERS,
-    split: Annotated[str, typer.Option(
-        "--split", help="Items of the dev split (tune on it), the test split (report it) or all. "
-                        "Items without a split field are test.")] = "test",
+    split: Annotated[str | None, typer.Option(
+        "--split", show_default="test",
+        help="Items of the dev split (tune on it), the test split (report it) or all. "
+             "Items without a split field are test.")] = None,
     limit: Annotated[int | None, typer.Option(
         "--limit", min=1, help="Only the first N items (of the split).")] = None,
     seeds: Annotated[int, typer.Option(
         "--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")] = 1,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**62, help="First run seed.")] = 0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens per answer.")]
-    = DEFAULT_MAX_TOKENS,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", min=1, show_default=f"{DEFAULT_MAX_TOKENS}; {COT_MAX_TOKENS} with --cot; "
+                                            f"{DEFAULT_OPEN_TOKENS} with --open",
+        help="Most tokens per answer.")] = None,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Answers decoded together (results do not depend on it).")] = DEFAULT_BATCH_SIZE,
     config: Annotated[str | None, typer.Option(
@@ -68,12 +82,24 @@ def eval_command(
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
     tokens/s, strategy shares, and wins/losses/ties against greedy on the same
-    items with an exact sign-test (McNemar) p-value."""
+    items with an exact sign-test (McNemar) p-value. With --open: repeated
+    4-grams, distinct-2, loops, mean log-probability and early endings of free
+    writing, against greedy."""
     from entropix_mlx import eval as ev
 
     names = _samplers(samplers)
-    if builtin == (tasks is not None):
+    if open_text:
+        if cot:
+            raise ConfigError("--cot is for task files; --open measures free writing (use one of them)")
+        if split is not None:
+            raise ConfigError("--split selects task file items; --open prompts have no split")
+        if builtin and tasks is not None:
+            raise ConfigError("give a prompt file or --builtin (or neither, for the built-in prompts)")
+    elif builtin == (tasks is not None):
         raise ConfigError("give a task file or --builtin (one of them)")
+    split = split or "test"
+    if split not in ev.SPLIT_CHOICES:
+        raise ConfigError(f"--split {split!r}: give dev, test or all")
     if plot is not None:
         if plot.suffix.lower() != ".png":
             raise ConfigError(f"--plot {plot}: give a file name ending in .png")
@@ -83,12 +109,16 @@ def eval_command(
             raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
     if config is not None and "entropix" not in names:
         raise ConfigError("--config sets the entropix sampler, which --samplers does not include")
-    path = ev.builtin_tasks_path() if builtin else tasks
-    if split not in ev.SPLIT_CHOICES:
-        raise ConfigError(f"--split {split!r}: give dev, test or all")
-    task_list = ev.select_split(ev.load_tasks(path), split)[:limit]
-    if not task_list:
-        raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
+    if open_text:
+        path = tasks if tasks is not None else ev.builtin_prompts_path()
+        task_list = ev.load_prompts(path)[:limit]
+    else:
+        path = ev.builtin_tasks_path() if builtin else tasks
+        task_list = ev.select_split(ev.load_tasks(path), split)[:limit]
+        if not task_list:
+            raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
+    if max_tokens is None:
+        max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
     if "entropix" in names:   # a bad --config fails now, not after the model loads
         from entropix_mlx.config import resolve_config
@@ -105,11 +135,16 @@ def eval_command(
         return make_sampler(name, tokenizer=tokenizer, model_name=source.name,
                             config=config if name == "entropix" else None, metrics=False)
 
-    cfg = ev.EvalConfig(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
-                        model_name=source.name, tasks_name="builtin" if builtin else Path(path).name,
-                        split=split)
+    common = dict(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
+                  model_name=source.name)
+    if open_text:
+        cfg = ev.OpenConfig(**common, tasks_name="builtin prompts" if tasks is None else Path(path).name)
+        run = ev.run_open
+    else:
+        cfg = ev.EvalConfig(**common, tasks_name="builtin" if builtin else Path(path).name, split=split, cot=cot)
+        run = ev.run_eval
     try:
-        results = _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory)
+        results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
     except KeyboardInterrupt:
         where = f"; the finished items are in {out}: run the same command again to continue" if out else \
             "; pass --out DIR to keep finished items and resume"
@@ -117,6 +152,8 @@ def eval_command(
         raise
     if as_json:
         print(json.dumps(results))
+    elif open_text:
+        print_open_table(results)
     else:
         print_table(results)
     if plot is not None:
@@ -124,7 +161,7 @@ def eval_command(
         print(f"plot written to {plot}", file=sys.stderr)
 
 
-def _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory):
+def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -150,7 +187,7 @@ def _run_with_progress(ev, llm, tokenizer, task_list, cfg, out, factory):
             else:
                 bar.update(job, completed=done - first["done"], description=description)
 
-        return ev.run_eval(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
+        return run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
 
 
 def print_table(results: dict):
@@ -162,6 +199,8 @@ def print_table(results: dict):
     rows = table_rows(results, strategies=False)
     split = results.get("split", "all")
     where = f"{results['tasks']} ({split} split)" if split != "all" else results["tasks"]
+    if results.get("cot"):
+        where += ", chain of thought"
     table = Table(title=f"{results['model']} on {where}: {results['items']} items, "
                         f"at most {results['max_tokens']} tokens per answer")
     for column in rows[0]:
@@ -177,6 +216,28 @@ def print_table(results: dict):
             console.print(f"{name} tokens by strategy: {text}")
     console.print("tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
                   "reverse / the same; p: exact two-sided sign test (McNemar).", style="dim")
+
+
+def print_open_table(results: dict):
+    from rich.console import Console
+    from rich.table import Table
+
+    from entropix_mlx.eval import open_table_rows
+
+    rows = open_table_rows(results)
+    table = Table(title=f"{results['model']}: open text on {results['prompts']}, {results['items']} prompts, "
+                        f"at most {results['max_tokens']} tokens")
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column == "sampler" else "right", no_wrap=column == "sampler")
+    for r in rows:
+        table.add_row(*r.values())
+    console = Console()
+    console.print(table)
+    console.print(f"rep-4: share of 4-grams already seen earlier in the same output (lower: less repetition); "
+                  f"distinct-2: distinct bigrams / bigrams; loop: longest back-to-back repeated span, in tokens; "
+                  f"mean logprob: nats per token under the model (higher: more coherent); early: ended before "
+                  f"{results['early_tokens']} tokens. W/L/T: prompts with less / more / equal repetition than "
+                  f"greedy; p: exact two-sided sign test.", style="dim")
 
 
 def register(app: typer.Typer):
