@@ -77,7 +77,7 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Draw accuracy with 95% intervals to a PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) to a PNG.")] = None,
     weights: WeightsOpt = default_weights(),
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
@@ -214,6 +214,10 @@ def print_table(results: dict):
         text = strategy_text(name, summary)
         if text:
             console.print(f"{name} tokens by strategy: {text}")
+    for name, summary in results["samplers"].items():
+        if summary.get("categories"):
+            shares = ", ".join(f"{c} {100 * v['accuracy']:.0f}% of {v['n']}" for c, v in summary["categories"].items())
+            console.print(f"{name} by category: {shares}")
     console.print("tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
                   "reverse / the same; p: exact two-sided sign test (McNemar).", style="dim")
 

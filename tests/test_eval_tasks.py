@@ -222,17 +222,34 @@ def tiny_ref(tmp_path, monkeypatch):
     return str(path)
 
 
+def test_accuracy_by_category():
+    tasks = [ev.Task(0, "a", ["1"], category="x"), ev.Task(1, "b", ["1"], category="y"),
+             ev.Task(2, "c", ["1"], category="x"), ev.Task(3, "d", ["1"])]
+    config = ev.EvalConfig(samplers=["greedy", "temperature"], seeds=2)
+    records = {}
+    for name, seed, correct in [("greedy", 0, [1, 0, 0, 1]), ("temperature", 0, [1, 1, 1, 0]),
+                                ("temperature", 1, [0, 1, 1, 0])]:
+        for i, c in enumerate(correct):
+            records[(name, seed, i)] = {"sampler": name, "seed": seed, "index": i, "correct": bool(c), "tokens": 1,
+                                        "seconds": 1.0, "strategies": {"s": 1}, "thinking_insertions": 0}
+    s = ev.summarize(records, tasks, config)["samplers"]
+    assert s["greedy"]["categories"] == {"x": {"n": 2, "accuracy": 0.5}, "y": {"n": 1, "accuracy": 0.0}}
+    # per item, the share of correct runs: x items 0.5 and 1, y item 1; the uncategorized item counts nowhere
+    assert s["temperature"]["categories"] == {"x": {"n": 2, "accuracy": 0.75}, "y": {"n": 1, "accuracy": 1.0}}
+
+
 def test_eval_split_on_the_tiny_model(tiny_ref, tmp_path):
     path = write(tmp_path / "t.jsonl", [
-        {"question": "What is 1 + 1?", "answer": "2", "split": "dev"},
-        {"question": "What is 2 + 2?", "answer": "4"},
-        {"question": "What is 3 + 3?", "answer": "6", "split": "dev"},
+        {"question": "What is 1 + 1?", "answer": "2", "split": "dev", "category": "sums"},
+        {"question": "What is 2 + 2?", "answer": "4", "category": "sums"},
+        {"question": "What is 3 + 3?", "answer": "6", "split": "dev", "category": "sums"},
     ])
     code, out, err = invoke("eval", path, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2",
                             "--split", "dev", "--json", "--out", tmp_path / "o")
     assert code == 0, err
     results = json.loads(out)
     assert results["split"] == "dev" and results["items"] == 2
+    assert results["samplers"]["greedy"]["categories"]["sums"]["n"] == 2
     assert json.loads((tmp_path / "o" / "config.json").read_text())["split"] == "dev"
     saved = [json.loads(line) for line in (tmp_path / "o" / "items.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in saved) == [0, 2]
@@ -243,4 +260,4 @@ def test_eval_split_on_the_tiny_model(tiny_ref, tmp_path):
     # the default is test; the table names the split
     code, out, err = invoke("eval", path, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2")
     assert code == 0, err
-    assert "test split" in out and "1 items" in out
+    assert "test split" in out and "1 items" in out and "greedy by category: sums" in out
