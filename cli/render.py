@@ -18,6 +18,7 @@ STRATEGY_COLORS = {
     "resample": "red",
     "adaptive": "bright_blue",
     "sample": "cyan",
+    "split": "green underline",   # deliberate: a greedy token where branches split off (marked)
 }
 # For strategies a future sampler may add: still one distinct colour each.
 SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]
@@ -28,6 +29,7 @@ SAMPLER_STRATEGIES = {
     "greedy": ["argmax"],
     "temperature": ["sample", "argmax"],   # temperature 0 is greedy
     "min_p": ["sample", "argmax"],
+    "deliberate": ["argmax", "split", "branch"],
 }
 
 META_STYLE = "dim"
@@ -99,13 +101,20 @@ def summary_line(summary, prefilled: int | None = None) -> Text:
     parts = [plural(summary.tokens, "token")]
     if prefilled is not None:
         parts.append(f"prefilled {prefilled}")
-    parts += [f"prompt {summary.prompt_tps:.1f} tok/s", f"generation {summary.generation_tps:.1f} tok/s",
+    parts += [f"prompt {summary.prompt_tps:.1f} tok/s"] if summary.prompt_tps else []   # deliberate: not measured
+    parts += [f"generation {summary.generation_tps:.1f} tok/s",
               f"peak {summary.peak_memory_gb:.2f} GB"]
     line = Text()
     line.append(" · ".join(parts), style=META_STYLE)
     if summary.strategy_counts:
         line.append(" · ", style=META_STYLE)
         line.append_text(strategy_counts(summary.strategy_counts))
+    if getattr(summary, "deliberation", None):   # deliberate: what the branches cost, who won
+        d = summary.deliberation
+        winner = "the greedy answer" if d["chosen"] == 0 else f"branch {d['chosen']}"
+        branches = f"{summary.branches} branch{'' if summary.branches == 1 else 'es'}"
+        line.append(f" · {branches}, {summary.tokens_spent} tokens spent "
+                    f"(budget {summary.budget:g}× the longest) · chose {winner}", style=META_STYLE)
     if summary.thinking_insertions:
         line.append(f" · {plural(summary.thinking_insertions, 'thinking insertion')}", style=META_STYLE)
     line.append(f" · stopped: {summary.finish_reason}", style=META_STYLE)

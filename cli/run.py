@@ -26,6 +26,7 @@ from entropix_mlx.prompt import encode_chat, encode_raw
 from entropix_mlx.sampler_registry import SAMPLER_NAMES, make_sampler
 
 from . import render
+from .deliberation import deliberation_progress
 from .signals import exit_code
 
 DEFAULT_SEED = 0   # a fixed default: the same command gives the same answer; pass --seed to vary it
@@ -118,19 +119,33 @@ MinPOpt = Annotated[float | None, typer.Option(
     "--min-p", callback=_check_min_p,
     help="In [0, 1): drop tokens less likely than min_p × the top token's probability.")]
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
+BudgetOpt = Annotated[float | None, typer.Option(
+    "--budget", min=1.0, show_default="the model card's, 6",
+    help="deliberate only: generated tokens at most BUDGET x the longest candidate.")]
 WeightsOpt = Annotated[str, typer.Option(
     "--weights", callback=_check_weights, show_default="auto, or $ENTROPIX_WEIGHTS",
     help="auto: float32 on the CPU (fast with a system OpenBLAS), the file's own format on a GPU; "
          "native: the file's format; float32: dequantize once at load.")]
 
 
-def check_options(sampler: str, config: str | None, model: str | None, **overrides) -> str | None:
+def check_options(sampler: str, config: str | None, model: str | None, budget: float | None = None,
+                  **overrides) -> str | None:
     """Reject settings that cannot work before the model loads, so a mistake
     costs a second, not a model load. Returns --config for make_sampler."""
     given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
-    if sampler == "greedy" and given:
-        raise ConfigError(f"{', '.join(given)} has no effect with --sampler greedy; "
+    if sampler in ("greedy", "deliberate") and given:
+        raise ConfigError(f"{', '.join(given)} has no effect with --sampler {sampler}; "
                           "drop it or choose another sampler")
+    if budget is not None and sampler != "deliberate":
+        raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
+    if sampler == "deliberate":   # the card's [deliberate] table, a --config file's, then --budget
+        from entropix_mlx.deliberate_config import resolve_deliberate
+
+        if config is not None and not Path(config).is_file():
+            raise ConfigError(f"--config {config} is not a file; for --sampler deliberate give a .toml file "
+                              "with a [deliberate] table")
+        resolve_deliberate(resolve(model).name, config, budget=budget)
+        return config
     if config is not None:
         if sampler != "entropix":
             raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
@@ -147,7 +162,7 @@ def build_sampler(name, tokenizer, model_name, config=None, **overrides):
     if name == "greedy":
         overrides = {}
     return make_sampler(name, tokenizer=tokenizer, model_name=model_name,
-                        config=config if name == "entropix" else None, **overrides)
+                        config=config if name in ("entropix", "deliberate") else None, **overrides)
 
 
 def header(source, sampler, seed: int, model=None) -> str:
@@ -233,10 +248,15 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
         no_color: NoColorOpt = False,
         weights: WeightsOpt = default_weights(),
         html: Annotated[Path | None, typer.Option(
-            "--html", help="Also write the answer as a self-contained HTML page (the server page's export).")] = None):
+            "--html", help="Also write the answer as a self-contained HTML page (the server page's export).")] = None,
+        budget: BudgetOpt = None):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, **overrides)
+    config = check_options(sampler, config, model, budget, **overrides)
+    if sampler == "deliberate":
+        overrides = {"budget": budget}
+        if html is not None:
+            raise ConfigError("--html records one token stream; --sampler deliberate does not support it yet")
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")
     if html is not None and (html.is_dir() or not html.parent.is_dir()):
@@ -274,6 +294,8 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
                 err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
                 if color:
                     err.print(render.legend(render.sampler_strategies(chooser)))
+                if hasattr(generation, "on_row"):   # deliberate: show the branches as they finish
+                    generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:
                 if recorder is not None:
                     recorder.add(event)

@@ -314,7 +314,7 @@ def default_groups(batch_size: int, model=None) -> int:
 def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Callable[[], Sampler],
                    batch_size: int = 8, prefix: list[int] | None = None,
                    groups: int | None = None, share_prefix: bool = False,
-                   branch_sampler: Callable[[], Sampler] | None = None,
+                   branch_sampler: Callable[[], Sampler] | None = None, prefix_cache=None,
                    ) -> Iterator[tuple[int, RowResult, float]]:
     """Answer every request; yields `(request index, result, seconds)` as rows
     finish (not in request order). `seconds` is the wall time since the previous
@@ -327,7 +327,8 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
 
     `share_prefix`: the batch stores the prefix once, not per row (for rows
     that fork, see `Choice.spawn`). `branch_sampler`: makes the sampler of
-    each spawned row (default: `make_sampler`)."""
+    each spawned row (default: `make_sampler`). `prefix_cache`: the prefix
+    already run through the model (e.g. a chat's cache): read, never written."""
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1, got {batch_size}")
     eos = set(tokenizer.eos_token_ids)
@@ -344,8 +345,9 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
         raise ValueError("every prompt must start with the prefix and be longer than it")
     if share_prefix and not prefix:
         raise ValueError("share_prefix needs a prefix")
-    prefix_cache = None
-    if prefix and requests:
+    if prefix_cache is not None and prefix_cache[0].offset != len(prefix):
+        raise ValueError("prefix_cache must hold exactly the prefix")
+    if prefix and requests and prefix_cache is None:
         prefix_cache = make_cache(model)
         model(mx.array([prefix]), prefix_cache, last_only=True)
         evaluate(prefix_cache)

@@ -45,10 +45,12 @@ class BranchSampler:
     (`spawns=True`) also proposes the alternatives that start branches."""
 
     name = "deliberate"
+    deliberates = True    # `generate` runs a whole deliberation with it (deliberate_stream.py)
 
-    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True):
+    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True, source: str = "defaults"):
         self.config = config or DeliberateConfig()
         self.spawns = spawns
+        self.config_source = f"deliberate settings: {source}"
         self.reset()
 
     def reset(self):
@@ -249,13 +251,14 @@ def candidate_from(result: RowResult, rows: dict, tokenizer, answer_of) -> Candi
 def deliberate_batch(model, tokenizer, requests: list[Request], config: DeliberateConfig,
                      answer_of: Callable[[int, str], str | None] | None = None, batch_size: int = 1,
                      prefix: list[int] | None = None, on_row: Callable | None = None,
-                     ) -> Iterator[tuple[int, Deliberation, float]]:
+                     prefix_cache=None) -> Iterator[tuple[int, Deliberation, float]]:
     """Deliberate every request; yields (request index, deliberation, seconds)
     as answers complete. `answer_of(index, text)` extracts a candidate's answer
     (default: `default_answer`). `batch_size` requests are in flight at once,
     each with its branches; with one, the whole prompt but its last token is
     the shared prefix (default `prefix`: the requests' common beginning).
-    `on_row(index, result)` sees every row as it finishes (progress display)."""
+    `on_row(index, result)` sees every row as it finishes (progress display);
+    `prefix_cache`, the prefix already run (see `generate_batch`)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
     if prefix is None:   # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[:min(len(r.prompt) for r in requests) - 1]
@@ -263,7 +266,7 @@ def deliberate_batch(model, tokenizer, requests: list[Request], config: Delibera
     seconds: dict[int, float] = {}
     rows = generate_batch(model, tokenizer, requests, lambda: BranchSampler(config), batch_size,
                           prefix=prefix, share_prefix=bool(prefix), groups=1,
-                          branch_sampler=lambda: BranchSampler(config, spawns=False))
+                          branch_sampler=lambda: BranchSampler(config, spawns=False), prefix_cache=prefix_cache)
     for index, result, spent in rows:
         if on_row:
             on_row(index, result)

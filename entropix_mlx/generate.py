@@ -154,4 +154,8 @@ class Generation:
 
 
 def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None) -> Generation:
+    if getattr(sampler, "deliberates", False):   # branches over whole answers: see deliberate.py
+        from .deliberate_stream import DeliberateGeneration
+
+        return DeliberateGeneration(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)
     return Generation(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)

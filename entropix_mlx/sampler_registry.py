@@ -9,7 +9,7 @@ from .errors import ConfigError
 from .samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
 
 BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
-SAMPLER_NAMES = ("entropix", *BASELINES)
+SAMPLER_NAMES = ("entropix", *BASELINES, "deliberate")
 
 
 def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = None,
@@ -23,6 +23,13 @@ def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = 
     it needs the tokenizer to resolve its thinking text. None values are ignored.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if name == "deliberate":   # greedy branches: settings from [deliberate], overrides such as budget
+        from .deliberate import BranchSampler
+        from .deliberate_config import resolve_deliberate
+
+        overrides.pop("metrics", None)
+        cfg, source = resolve_deliberate(model_name, config, **overrides)
+        return BranchSampler(cfg, source=source)
     if name == "entropix":
         overrides.pop("metrics", None)   # Entropix always needs its metrics
         cfg, source = resolve_config(model_name, config, **overrides)

@@ -187,3 +187,23 @@ def test_config_from_a_table_the_card_and_overrides(tmp_path):
         load_config(path)
     cfg, source = resolve_deliberate("smollm2-135m", None, budget=2.0)
     assert cfg.budget == 2.0 and "smollm2-135m.toml" in source and "budget=2.0" in source
+
+
+def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, tiny_tokenizer):
+    from entropix_mlx.cache import make_cache
+    from entropix_mlx.deliberate_stream import DeliberateGeneration
+    from entropix_mlx.generate import generate as make_generation
+
+    prompt = prompt_of(tiny_tokenizer, TEXTS[2])
+    sampler = BranchSampler(DeliberateConfig(first_alternatives=2, branch_entropy=0.0, max_branch_points=1))
+    fresh = make_generation(model, tiny_tokenizer, prompt, sampler, max_tokens=6)
+    assert isinstance(fresh, DeliberateGeneration)
+    expected = [e.token for e in fresh]
+    cache = make_cache(model)
+    model(__import__("mlx.core").core.array([prompt[:10]]), cache)
+    held = make_generation(model, tiny_tokenizer, prompt[10:], sampler, max_tokens=6, cache=cache)
+    assert [e.token for e in held] == expected and cache[0].offset == 10     # read, never written
+    def paths(g):   # the same paths (log-probabilities differ in the last bits: other prefill chunks)
+        return [(c["split"], c["tokens"]) for c in g.summary().deliberation["candidates"]]
+
+    assert paths(held) == paths(fresh) and len(paths(fresh)) == 4   # 2 at the first token, 1 later
