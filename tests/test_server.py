@@ -4,18 +4,14 @@ to with the official `openai` client and, for the error paths, raw HTTP."""
 
 import http.client
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
+import openai   # the test extra: the official client, as users would point it at the server
 import pytest
+from serving import KEY, get, request, running_server
 
-openai = pytest.importorskip("openai", reason="the server tests need the test extra: pip install -e '.[test]'")
-
-KEY = "test-key-1234"
 METRICS = ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength")
 ENTROPIX_STRATEGIES = {"argmax", "think", "branch", "resample", "adaptive"}
 MODEL = "smollm2-135m"
@@ -23,51 +19,10 @@ MODEL = "smollm2-135m"
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """(base URL, port) of a running `entropix-mlx serve --api-key KEY`."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "entropix_mlx", "serve", "--port", str(port),
-                                 "--api-key", KEY], stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if get(port, "/health")[0] == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not start:\n{log.read_text()}")
-        time.sleep(0.3)
-    yield f"http://127.0.0.1:{port}", port
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def request(port, method, path, body=None, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request(method, path, body=body, headers=headers or {})
-    r = conn.getresponse()
-    data = r.read()
-    conn.close()
-    return r.status, data
-
-
-def get(port, path):
-    status, data = request(port, "GET", path)
-    return status, json.loads(data)
+    with running_server(tmp_path_factory.mktemp("serve") / "serve.log", "--api-key", KEY) as s:
+        yield s
 
 
 def post(port, path, body, key=KEY):
@@ -187,7 +142,7 @@ def test_eight_concurrent_streaming_clients_get_their_own_answers(server):
 
     def answer(topic):
         c = openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=300)
-        chunks = chat(c, f"Write one sentence about {topic}.", max_tokens=5, stream=True,
+        chunks = chat(c, f"Write one sentence about {topic}.", max_tokens=4, stream=True,
                       extra_body={"sampler": "greedy"})
         return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 

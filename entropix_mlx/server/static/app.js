@@ -12,6 +12,11 @@
     return h;
   };
 
+  function notice(text) {   // a problem outside any answer (no key yet, server gone)
+    $("notice").textContent = text ? `error: ${text}` : "";
+    $("notice").hidden = !text;
+  }
+
   function needKey() {
     $("key-label").hidden = false;
     $("api-key").focus();
@@ -22,6 +27,7 @@
     if (r.status === 401) { needKey(); throw new Error("this server needs an API key: enter it above"); }
     if (!r.ok) throw new Error(`could not read /v1/entropix/info (${r.status})`);
     state.info = await r.json();
+    notice("");
     $("model").textContent = `${state.info.model} · thresholds: ${state.info.thresholds_from}`;
     $("sampler").replaceChildren(...state.info.samplers.map((s) => new Option(s, s)));
     showLegend();
@@ -68,7 +74,7 @@
   async function send(text) {
     if (state.busy || !text.trim()) return;
     if (!state.info) {
-      try { await loadInfo(); } catch (e) { return; }
+      try { await loadInfo(); } catch (e) { notice(e.message); return; }
     }
     state.busy = true;
     $("send").disabled = true;
@@ -169,8 +175,8 @@
   $("export").addEventListener("click", exportAnswer);
   $("api-key").addEventListener("change", () => {
     localStorage.setItem("entropix-api-key", $("api-key").value);
-    loadInfo().catch(() => {});
+    loadInfo().catch((e) => notice(e.message));
   });
   EntropixView.attachTooltip($("chat"), $("tooltip"));
-  loadInfo().catch((e) => { const s = addMessage("assistant", `error: ${e.message}`); s.body.classList.add("status", "error"); });
+  loadInfo().catch((e) => notice(e.message));
 })();

@@ -15,6 +15,15 @@ const EntropixView = (() => {
     return info.colors[strategy];
   }
 
+  // A terminal style may be more than a colour ("green underline").
+  function paint(node, info, strategy) {
+    node.style.color = colorOf(info, strategy);
+    const deco = (info.decorations || {})[strategy] || [];
+    if (deco.includes("underline")) node.style.textDecoration = "underline";
+    if (deco.includes("bold")) node.style.fontWeight = "bold";
+    if (deco.includes("italic")) node.style.fontStyle = "italic";
+  }
+
   function el(tag, attrs = {}, text) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
@@ -28,8 +37,9 @@ const EntropixView = (() => {
       const entry = el("span", { class: "entry", "data-strategy": name });
       const swatch = el("span", { class: "swatch" });
       swatch.style.background = colorOf(info, name);
-      entry.append(swatch, el("span", {}, name));
-      entry.style.color = colorOf(info, name);
+      const label = el("span", {}, name);
+      paint(label, info, name);
+      entry.append(swatch, label);
       container.append(entry);
     }
   }
@@ -45,7 +55,7 @@ const EntropixView = (() => {
       add(tok) {
         const i = container.entropixTokens.push(tok) - 1;
         const span = el("span", { class: "tok", "data-strategy": tok.strategy, "data-index": i }, tok.text);
-        span.style.color = colorOf(info, tok.strategy);
+        paint(span, info, tok.strategy);
         container.append(span);
         return span;
       },
@@ -80,6 +90,10 @@ const EntropixView = (() => {
         alts.append(row);
       }
       box.append(el("h4", {}, "top alternatives (logprob, p)"), alts);
+    } else if (tok.alternatives) {
+      // Several tokens chosen in one decision (a branch rollout, a thinking insertion):
+      // the model's alternatives exist only for the first of them.
+      box.append(el("h4", {}, "top alternatives"), el("div", {}, "none: chosen in one step with the token before"));
     }
     return box;
   }

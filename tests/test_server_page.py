@@ -1,0 +1,152 @@
+"""The page at `/` in a real headless browser (the distribution's Chromium,
+driven by Playwright): streamed tokens carrying their strategy, the legend, the
+chart, the hover details, the export; and `run --html`, the same file."""
+
+import re
+import sys
+
+import pytest
+from playwright.sync_api import sync_playwright
+from serving import CHROMIUM_ARGS, KEY, chromium_path, running_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve") / "serve.log", "--api-key", KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=chromium_path(),
+            args=CHROMIUM_ARGS, headless=True, viewport={"width": 1100, "height": 760}, accept_downloads=True)
+        yield context
+        context.close()
+
+
+def rgb(hex_color: str) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def check_tooltip(page, token):
+    token.hover()
+    tip = page.locator("#tooltip, .tooltip").first
+    tip.wait_for(state="visible")
+    text = tip.inner_text()
+    for word in ("logprob", "entropy", "varentropy", "attn_entropy", "interaction_strength", "top alternatives"):
+        assert word in text
+    assert token.get_attribute("data-strategy") in text
+
+
+@pytest.fixture(scope="module")
+def answered(server, browser, tmp_path_factory):
+    """The page after one streamed answer: (page, token counts seen while streaming)."""
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # Every request must stay on this server: the page works offline (no CDN).
+    outside = []
+    page.route(re.compile(r"^(?!http://127\.0\.0\.1:%d/).*" % server[1]), lambda route: (outside.append(route.request.url), route.abort()))
+    page.goto(server[0] + "/")
+    page.locator("#key-label").wait_for(state="visible")   # the server wants a key: the page asks for it
+    page.fill("#api-key", KEY)
+    page.dispatch_event("#api-key", "change")
+    page.locator("#legend .entry").first.wait_for()
+    assert page.locator("#notice").is_hidden()
+    page.evaluate("""() => { window.tokenCounts = [];
+        new MutationObserver(() => window.tokenCounts.push(document.querySelectorAll('.tok').length))
+          .observe(document.getElementById('chat'), {childList: true, subtree: true}); }""")
+    page.fill("#max-tokens", "10")
+    page.fill("#seed", "3")
+    page.fill("#prompt", "Why is the sky blue?")
+    page.click("#send")
+    page.wait_for_function("() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+                           timeout=120_000)
+    counts = page.evaluate("window.tokenCounts")
+    assert not errors and not outside
+    yield page, counts
+
+
+def test_tokens_stream_in_with_their_strategy_colour(answered):
+    page, counts = answered
+    tokens = page.locator(".msg.assistant .tok")
+    assert tokens.count() == 10
+    assert len({c for c in counts if c}) > 1   # tokens appeared one by one, not all at the end
+    legend = page.locator("#legend .entry")
+    legend_names = [legend.nth(i).get_attribute("data-strategy") for i in range(legend.count())]
+    assert legend_names == ["argmax", "think", "branch", "resample", "adaptive"]
+    info = page.evaluate("fetch('/v1/entropix/info', {headers: {Authorization: 'Bearer %s'}}).then(r => r.json())" % KEY)
+    for i in range(tokens.count()):
+        strategy = tokens.nth(i).get_attribute("data-strategy")
+        assert strategy in legend_names
+        color = tokens.nth(i).evaluate("e => getComputedStyle(e).color")
+        assert color == rgb(info["colors"][strategy])
+    # The terminal's colours: run.svg's theme, e.g. argmax is rich's "green".
+    assert info["colors"]["argmax"] == "#98a84b"
+
+
+def test_chart_shows_entropy_varentropy_and_thresholds(answered):
+    page, _ = answered
+    chart = page.locator(".msg.assistant svg.chart")
+    for series in ("entropy", "varentropy"):
+        points = chart.locator(f"polyline[data-series={series}]").get_attribute("points").split()
+        assert len(points) == 10
+    drawn = {chart.locator("line[data-threshold]").nth(i).get_attribute("data-threshold")
+             for i in range(chart.locator("line[data-threshold]").count())}
+    assert {"low_entropy", "medium_entropy", "high_entropy", "low_varentropy", "high_varentropy"} <= drawn
+
+
+def test_hover_shows_metrics_and_alternatives(answered, tmp_path):
+    page, _ = answered
+    check_tooltip(page, page.locator(".msg.assistant .tok").first)   # the first token of a decision has alternatives
+    shot = tmp_path / "server.png"
+    page.screenshot(path=str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_is_a_self_contained_page(answered, browser, tmp_path):
+    page, _ = answered
+    with page.expect_download() as download:
+        page.click("#export")
+    path = tmp_path / "answer.html"
+    download.value.save_as(str(path))
+    html = path.read_text()
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")   # nothing to fetch
+    view = browser.new_page()
+    view.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+    view.goto(path.as_uri())
+    tokens = view.locator(".tok")
+    assert tokens.count() == page.locator(".msg.assistant .tok").count()
+    assert view.locator("svg.chart polyline[data-series=entropy]").count() == 1
+    check_tooltip(view, tokens.first)
+    view.close()
+
+
+def test_run_html_writes_the_same_kind_of_page(browser, tmp_path):
+    from entropix_mlx.cli.app import main
+    path = tmp_path / "run.html"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "What is 2+2?", "--sampler", "greedy", "--max-tokens", "5", "--html", str(path), "--no-color"])
+    sys.stdout.flush()
+    assert exit_.value.code == 0
+    view = browser.new_page()
+    view.goto(path.as_uri())
+    tokens = view.locator(".tok")
+    assert tokens.count() == 5
+    assert {tokens.nth(i).get_attribute("data-strategy") for i in range(5)} == {"argmax"}
+    assert view.locator("#export .legend .entry").count() == 1
+    check_tooltip(view, tokens.first)
+    view.close()
+
+
+def test_run_html_refuses_a_missing_folder(tmp_path, capsys):
+    from entropix_mlx.cli.app import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "Hi", "--html", str(tmp_path / "nope" / "a.html")])
+    assert exit_.value.code == 2
+    assert "folder does not exist" in capsys.readouterr().err
