@@ -1,0 +1,113 @@
+"""The server's parts without HTTP: stop strings over streamed text, the
+prompt-prefix cache, request validation. Tiny models only: milliseconds."""
+
+import mlx.core as mx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import make_tiny_model
+from entropix_mlx.cache import make_cache
+from entropix_mlx.sampler_registry import SAMPLER_NAMES
+from entropix_mlx.server.prefix_cache import PrefixCache
+from entropix_mlx.server.schema import APIError, parse
+from entropix_mlx.server.stops import StopScanner
+
+
+@given(st.lists(st.text("ab\n", max_size=4), max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=3), max_size=3))
+def test_stop_scanner_sends_exactly_the_text_before_the_first_stop(pieces, stops):
+    scanner, sent, hit = StopScanner(stops), "", False
+    for piece in pieces:
+        out, hit = scanner.feed(piece)
+        sent += out
+        if hit:
+            break
+    if not hit:
+        sent += scanner.flush()
+    text = "".join(pieces)
+    first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+    assert hit == (first is not None)
+    assert sent == (text if first is None else text[:first])
+
+
+def test_stop_scanner_holds_back_a_possible_start_of_a_stop():
+    scanner = StopScanner(["END"])
+    assert scanner.feed("the E") == ("the ", False)
+    assert scanner.feed("N") == ("", False)
+    assert scanner.feed("ding") == ("ENding", False)
+
+
+def fill(model, ids):
+    cache = make_cache(model)
+    model(mx.array([ids]), cache)
+    mx.eval([c.keys for c in cache])
+    return cache
+
+
+def test_prefix_cache_gives_the_longest_common_prefix_and_leaves_the_entry_intact():
+    model = make_tiny_model()
+    pc = PrefixCache(max_entries=4, max_tokens=1000)
+    a = [5, 6, 7, 8, 9, 10]
+    pc.put(a, fill(model, a))
+    keys_before = [mx.array(c.keys[..., :6, :]) for c in pc._entries[0][1]]
+    cache, n = pc.take([5, 6, 7, 20, 21])
+    assert n == 3 and all(c.offset == 3 for c in cache)
+    model(mx.array([[20, 21]]), cache)   # the request writes past the shared prefix
+    mx.eval([c.keys for c in cache])
+    for before, layer in zip(keys_before, pc._entries[0][1]):
+        assert mx.array_equal(before, layer.keys[..., :6, :])
+    # The same prompt again: all but one token (the next logits need one position to run).
+    assert pc.take(a)[1] == len(a) - 1
+    assert pc.take([99, 5, 6]) == (None, 0)
+
+
+def test_prefix_cache_is_bounded_and_drops_superseded_entries():
+    model = make_tiny_model()
+    pc = PrefixCache(max_entries=2, max_tokens=12)
+    pc.put([1, 2, 3], fill(model, [1, 2, 3]))
+    pc.put([1, 2, 3, 4, 5], fill(model, [1, 2, 3, 4, 5]))   # a follow-up turn: replaces its prefix
+    assert len(pc) == 1 and pc.tokens == 5
+    pc.put([7, 8, 9], fill(model, [7, 8, 9]))
+    pc.put([10, 11, 12, 13], fill(model, [10, 11, 12, 13]))  # three entries > 2: the oldest goes
+    assert len(pc) == 2 and pc.take([1, 2, 3, 4, 5, 6])[1] == 0
+    pc.put([20] * 6, fill(model, [20] * 6))                   # 4 + 6 + 3 > 12 tokens: evict down to the bound
+    assert pc.tokens <= 12 and pc.take([20] * 7)[1] == 6
+    pc.put(list(range(13)), fill(model, list(range(13))))     # alone over the bound: not kept
+    assert pc.take(list(range(14)))[1] == 0
+
+
+def test_a_zero_token_bound_turns_the_prefix_cache_off():
+    model = make_tiny_model()
+    pc = PrefixCache(max_entries=0, max_tokens=0)
+    pc.put([1, 2, 3], fill(model, [1, 2, 3]))
+    assert len(pc) == 0
+
+
+def chat_body(**fields):
+    return {"messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ({"temperature": 3}, "temperature"), ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"),
+    ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"n": 2}, "n"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stream_options": []}, "stream_options"),
+    ({"model": 3}, "model"), ({"messages": [{"role": "assistant", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+])
+def test_invalid_fields_are_named(fields, param):
+    with pytest.raises(APIError) as e:
+        parse(chat_body(**fields), True, SAMPLER_NAMES)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_valid_requests_parse():
+    p = parse(chat_body(max_completion_tokens=5, max_tokens=9, stop="x", logprobs=True, top_logprobs=2,
+                        seed=3, stream=True, stream_options={"include_usage": True}, sampler="greedy",
+                        whatever={"ignored": True}), True, SAMPLER_NAMES)
+    assert (p.max_tokens, p.stop, p.top_logprobs, p.seed, p.sampler, p.include_usage) == (5, ["x"], 2, 3, "greedy", True)
+    parts = parse({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                                {"role": "user", "content": "Hi"}]}, True, SAMPLER_NAMES)
+    assert parts.messages[0] == {"role": "system", "content": "ab"}
+    completion = parse({"prompt": ["Once"], "logprobs": 2}, False, SAMPLER_NAMES)
+    assert (completion.prompt, completion.logprobs, completion.top_logprobs) == ("Once", True, 2)
