@@ -281,6 +281,37 @@ def deliberate_batch(model, tokenizer, requests: list[Request], config: Delibera
         yield index, Deliberation(candidates, chosen, reason, scores), seconds.pop(index)
 
 
+def token_strategies(d: Deliberation) -> list[str]:
+    """Per token of the chosen answer: "split" where the greedy answer spawned
+    branches (before the winner left it), "branch" for the winner's first own
+    token, "argmax" otherwise."""
+    winner, splits = d.winner, set(d.candidates[0].branched_at)
+    out = []
+    for i in range(len(winner.tokens)):
+        if winner.split is not None and i == winner.split:
+            out.append("branch")
+        elif i in splits and (winner.split is None or i < winner.split):
+            out.append("split")
+        else:
+            out.append("argmax")
+    return out
+
+
+def eval_rows(model, tokenizer, requests: list[Request], config: DeliberateConfig, answer_of, batch_size: int,
+              prefix: list[int] | None = None) -> Iterator[tuple[int, RowResult, float]]:
+    """For `eval`: `deliberate_batch` with each answer as the winner's RowResult,
+    plus `extra` for the item's record (tokens spent, branches, each candidate)."""
+    for index, d, seconds in deliberate_batch(model, tokenizer, requests, config, answer_of, batch_size, prefix):
+        w = d.winner
+        result = RowResult(tokens=w.tokens, strategies=token_strategies(d), logprobs=w.logprobs,
+                           finish_reason=w.finish_reason, prompt_tokens=len(requests[index].prompt))
+        result.extra = {"tokens_spent": d.tokens_spent, "branches": len(d.candidates) - 1, "chosen": d.chosen,
+                        "reason": d.reason, "candidates": [
+                            {k: getattr(c, k) for k in ("split", "answer", "answer_margin", "mean_logprob",
+                                                        "own_tokens", "text")} for c in d.candidates]}
+        yield index, result, seconds
+
+
 def deliberate(model, tokenizer, prompt: list[int], config: DeliberateConfig | None = None,
                max_tokens: int = 256, seed: int = 0, answer_of: Callable[[str], str | None] | None = None,
                on_row: Callable | None = None) -> Deliberation:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .batch import Request
-from .deliberate import Deliberation, deliberate_batch
+from .deliberate import Deliberation, deliberate_batch, token_strategies
 from .errors import ConfigError
 from .generate import Summary, TokenEvent
 
@@ -83,16 +83,9 @@ class DeliberateGeneration:
         """The chosen candidate's tokens as events, with the strategy that explains each."""
         d = self.deliberation
         winner = d.winner
-        splits = set(d.candidates[0].branched_at)
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
-        for i, token in enumerate(winner.tokens):
-            if winner.split is not None and i == winner.split:
-                strategy = "branch"
-            elif i in splits and (winner.split is None or i < winner.split):
-                strategy = "split"
-            else:
-                strategy = "argmax"
+        for i, (token, strategy) in enumerate(zip(winner.tokens, token_strategies(d))):
             detokenizer.add_token(token)
             if i == len(winner.tokens) - 1:
                 detokenizer.finalize()

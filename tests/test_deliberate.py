@@ -207,3 +207,23 @@ def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, ti
         return [(c["split"], c["tokens"]) for c in g.summary().deliberation["candidates"]]
 
     assert paths(held) == paths(fresh) and len(paths(fresh)) == 4   # 2 at the first token, 1 later
+
+
+def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, tmp_path):
+    from entropix_mlx.eval import EvalConfig, parse_task, run_eval
+
+    tasks = [parse_task({"question": f"What is {i} + 1?", "answer": str(i + 1)}, i, "x") for i in range(4)]
+    outs = []
+    for batch_size in (1, 3):
+        run_eval(model, tiny_tokenizer, tasks, EvalConfig(samplers=["deliberate"], max_tokens=5,
+                                                          batch_size=batch_size), out_dir=tmp_path / str(batch_size))
+        lines = (tmp_path / str(batch_size) / "items.jsonl").read_text().splitlines()
+        records = sorted((__import__("json").loads(x) for x in lines if '"deliberate"' in x), key=lambda r: r["index"])
+        assert len(records) == 4
+        for r in records:
+            cands = r["candidates"]
+            assert 4 <= r["branches"] == len(cands) - 1 <= 5 and cands[0]["split"] is None
+            assert r["output"] == cands[r["chosen"]]["text"]
+            assert r["tokens_spent"] == sum(c["own_tokens"] for c in cands) <= 6 * 5
+        outs.append([(r["output"], r["tokens_spent"]) for r in records])
+    assert outs[0] == outs[1]    # the batch does not change any answer

@@ -178,8 +178,17 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
         if not todo:
             continue
         requests = [Request(prompt_of[t.index], item_seed(seed, t.index), config.max_tokens) for t in todo]
-        for i, result, seconds in generate_batch(model, tokenizer, requests, lambda name=name: make_sampler(name),
-                                                 config.batch_size, prefix=prefix):
+        sampler = make_sampler(name)
+        if getattr(sampler, "deliberates", False):   # whole-answer branches, the answer read per candidate
+            from ..deliberate import eval_rows
+
+            rows = eval_rows(model, tokenizer, requests, sampler.config,
+                             lambda i, text, todo=todo: score(text, todo[i], cot=config.cot)[0],
+                             config.batch_size, prefix)
+        else:
+            rows = generate_batch(model, tokenizer, requests, lambda name=name: make_sampler(name),
+                                  config.batch_size, prefix=prefix)
+        for i, result, seconds in rows:
             task = todo[i]
             output = tokenizer.decode(result.tokens)
             extracted, correct = score(output, task, cot=config.cot)
@@ -189,7 +198,7 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
                 "expected": task.expected, "extracted": extracted, "correct": correct, "output": output,
                 "tokens": len(result.tokens), "strategies": dict(Counter(result.strategies)),
                 "thinking_insertions": result.thinking_insertions, "finish_reason": result.finish_reason,
-                "seconds": round(seconds, 4),
+                "seconds": round(seconds, 4), **getattr(result, "extra", {}),
             }
             store.add(record)
             done += 1
