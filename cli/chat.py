@@ -19,7 +19,7 @@ from entropix_mlx.sampler_registry import SAMPLER_NAMES
 
 from . import render
 from .signals import Terminated
-from .run import (DEFAULT_SEED, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
+from .run import (DEFAULT_SEED, BudgetOpt, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
                   SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
                   WeightsOpt, load_model)
 from entropix_mlx.backend import default_weights
@@ -238,12 +238,13 @@ def chat(model: ModelOpt = None,
          top_k: TopKOpt = None,
          min_p: MinPOpt = None,
          no_color: NoColorOpt = False,
-         weights: WeightsOpt = default_weights()):
+         weights: WeightsOpt = default_weights(),
+         budget: BudgetOpt = None):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, **overrides)
+    config = check_options(sampler, config, model, budget, **overrides)
     llm, tokenizer, source = load_model(model, weights)
-    options = {"config": config, **overrides}
+    options = {"config": config, **overrides, "budget": budget}
     session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
     try:
         session.loop()

@@ -161,6 +161,10 @@ def check_options(sampler: str, config: str | None, model: str | None, budget: f
 def build_sampler(name, tokenizer, model_name, config=None, **overrides):
     if name == "greedy":
         overrides = {}
+    if name != "deliberate":
+        overrides.pop("budget", None)
+    elif overrides:   # deliberate takes no sampling parameters (check_options refused them)
+        overrides = {"budget": overrides.get("budget")}
     return make_sampler(name, tokenizer=tokenizer, model_name=model_name,
                         config=config if name in ("entropix", "deliberate") else None, **overrides)
 

@@ -50,3 +50,10 @@ def test_chat_answers_with_deliberate_and_keeps_the_conversation(tiny_ref):
 def test_bad_deliberate_options_are_one_line_errors(tiny_ref, args, needle):
     code, out, err = invoke("run", "hi", "-m", tiny_ref, *args)
     assert code == 2 and needle in one_error_line(err)
+
+
+def test_chat_takes_a_budget_and_switches_samplers(tiny_ref):
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "deliberate", "--budget", "2", "--max-tokens", "3",
+                            input="hello\n/sampler greedy\nagain\n")
+    assert code == 0, err
+    assert "1 branch," in out + err and "sampler greedy" in out + err
