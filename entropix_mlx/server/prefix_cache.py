@@ -22,13 +22,14 @@ class PrefixCache:
         self.max_entries, self.max_tokens = max_entries, max_tokens
         self._entries: OrderedDict[int, tuple[list[int], list]] = OrderedDict()
         self._next = 0
+        self._tokens = 0   # kept as a number: /health reads it from another thread
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def tokens(self) -> int:
-        return sum(len(ids) for ids, _ in self._entries.values())
+        return self._tokens
 
     def take(self, ids: list[int]) -> tuple[list | None, int]:
         """(a cache holding the first `n` ids of `ids`, n), or (None, 0).
@@ -61,8 +62,9 @@ class PrefixCache:
         ids = list(ids[:n])
         for key in [k for k, (cached, _) in self._entries.items()
                     if len(cached) <= n and ids[:len(cached)] == cached]:
-            del self._entries[key]
+            self._tokens -= len(self._entries.pop(key)[0])
         self._entries[self._next] = (ids, cache)
         self._next += 1
-        while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+        self._tokens += n
+        while len(self._entries) > self.max_entries or self._tokens > self.max_tokens:
+            self._tokens -= len(self._entries.popitem(last=False)[1][0])

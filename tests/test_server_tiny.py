@@ -1,0 +1,98 @@
+"""The server app in this process on a tiny random-weight model (milliseconds
+per token): CORS when asked for, many simultaneous streams, a stream whose
+client goes away while it waits in the queue."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from serving import free_port, get, request
+
+from conftest import make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.server import Engine, PrefixCache
+from entropix_mlx.server.app import create_app
+
+ORIGIN = "http://app.example"
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, allow_origins=[ORIGIN]), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port, engine
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def stream(port, path, body) -> list[dict]:
+    status, data = request(port, "POST", path, json.dumps({**body, "stream": True}).encode(),
+                           {"Content-Type": "application/json"})
+    assert status == 200
+    events = [line[6:] for line in data.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_cors_allows_only_the_given_origin(tiny_server):
+    port, _ = tiny_server
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    import http.client
+    for origin, allowed in ((ORIGIN, True), ("http://evil.example", False)):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("OPTIONS", "/v1/chat/completions", headers={**preflight, "Origin": origin})
+        r = conn.getresponse()
+        r.read()
+        assert (r.getheader("access-control-allow-origin") == origin) == allowed
+
+
+def test_sixteen_simultaneous_streams_each_get_their_own_tokens(tiny_server):
+    port, _ = tiny_server
+    # The tiny model repeats its prompt's last character: each prompt ends in its own.
+    prompts = [f"question {chr(ord('a') + i)}" for i in range(16)]
+
+    def tokens(prompt, out):
+        chunks = stream(port, "/v1/completions", {"prompt": prompt, "max_tokens": 12, "sampler": "greedy"})
+        out[prompt] = [r["token"] for c in chunks for r in (c["choices"][0]["entropix"] if c["choices"] else [])]
+
+    alone, together = {}, {}
+    for p in prompts:
+        tokens(p, alone)
+    threads = [threading.Thread(target=tokens, args=(p, together)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone and len({tuple(v) for v in alone.values()}) == 16
+
+
+def test_a_request_whose_client_leaves_while_queued_is_never_run(tiny_server):
+    port, engine = tiny_server
+    before = get(port, "/health")[1]
+    long = json.dumps({"messages": [{"role": "user", "content": "long"}], "max_tokens": 400, "sampler": "greedy",
+                       "stream": True}).encode()
+    first = socket.create_connection(("127.0.0.1", port))
+    first.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(long)}\r\n\r\n".encode() + long)
+    first.recv(1)   # the first is running ...
+    second = socket.create_connection(("127.0.0.1", port))
+    second.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(long)}\r\n\r\n".encode() + long)
+    second.recv(1)  # ... the second has its headers: it is queued
+    second.close()
+    first.close()
+    deadline = time.monotonic() + 60   # a safety net, not a timing assertion
+    while get(port, "/health")[1]["cancelled"] < before["cancelled"] + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = get(port, "/health")[1]
+    assert after["cancelled"] == before["cancelled"] + 2 and not after["busy"]
