@@ -328,5 +328,13 @@ def test_cot_command_on_a_tiny_gsm8k_file(tiny_ref, tmp_path):
     assert record["extracted"] == ev.score(record["output"], ev.Task(0, "q", ["7"]), cot=True)[0]
     assert json.loads((tmp_path / "o" / "config.json").read_text())["cot"] is True
     # the same directory without --cot: other prompts, refused rather than mixed
-    code, _, err = invoke("eval", gsm, "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--out", tmp_path / "o")
+    code, _, err = invoke("eval", gsm, "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--max-tokens", "256",
+                          "--out", tmp_path / "o")
+    assert code == 2 and "other questions or prompts" in err
+    # and a directory written without --cot is refused to --cot
+    code, _, err = invoke("eval", gsm, "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--max-tokens", "3",
+                          "--out", tmp_path / "plain")
+    assert code == 0, err
+    code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--limit", "1",
+                          "--max-tokens", "3", "--out", tmp_path / "plain")
     assert code == 2 and "cot changed" in err

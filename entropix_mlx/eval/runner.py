@@ -163,8 +163,9 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
         "prompt_version": PROMPT_VERSION,
         "split": config.split,
         "samplers": {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)},
-        "cot": config.cot,
     }
+    if config.cot:      # only when on: directories written before --cot existed still resume
+        identity["cot"] = True
     store = ResultStore(out_dir, identity)
     store.check_items(tasks, prompts)
     prefix = common_prefix(prompts)
