@@ -97,6 +97,14 @@ def test_chat_streamed_entropix_matches_not_streamed(client):
     assert again.choices[0].message.content == text
 
 
+def test_a_later_sampler_is_reachable_and_ignores_sampling_parameters(client):
+    # deliberate takes no temperature; front-ends send one anyway, so it is ignored, not refused.
+    r = chat(client, "What is 2+3?", max_tokens=6, temperature=0.7, extra_body={"sampler": "deliberate"})
+    records = r.choices[0].model_extra["entropix"]
+    assert records and {rec["strategy"] for rec in records} <= {"argmax", "split", "branch"}
+    assert r.choices[0].message.content == "".join(rec["text"] for rec in records)
+
+
 def test_stop_strings(client):
     r = chat(client, "Count from 1 to 10.", max_tokens=16, stop=["3"], extra_body={"sampler": "greedy"})
     full = chat(client, "Count from 1 to 10.", max_tokens=16, extra_body={"sampler": "greedy"})

@@ -67,6 +67,8 @@ def test_prefix_cache_is_bounded_and_drops_superseded_entries():
     pc.put([1, 2, 3], fill(model, [1, 2, 3]))
     pc.put([1, 2, 3, 4, 5], fill(model, [1, 2, 3, 4, 5]))   # a follow-up turn: replaces its prefix
     assert len(pc) == 1 and pc.tokens == 5
+    pc.put([1, 2], fill(model, [1, 2]))                       # already held: not stored twice
+    assert len(pc) == 1 and pc.tokens == 5
     pc.put([7, 8, 9], fill(model, [7, 8, 9]))
     pc.put([10, 11, 12, 13], fill(model, [10, 11, 12, 13]))  # three entries > 2: the oldest goes
     assert len(pc) == 2 and pc.take([1, 2, 3, 4, 5, 6])[1] == 0

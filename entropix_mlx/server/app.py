@@ -33,6 +33,7 @@ from .strategies import page_info
 
 STATIC = resources.files("entropix_mlx.server") / "static"
 MAX_BODY = 1_000_000     # bytes; a long chat history is far below this
+NO_SAMPLING_PARAMETERS = ("greedy", "deliberate")
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -81,7 +82,9 @@ class Server:
             except ValueError as e:   # transformers: no chat template
                 raise APIError(400, f"this model has no chat template ({e}); use /v1/completions",
                                "messages") from None
-            overrides = {} if p.sampler == "greedy" else p.overrides
+            # Front-ends send temperature and the like on every request: samplers
+            # that take none ignore them rather than refuse the request.
+            overrides = {} if p.sampler in NO_SAMPLING_PARAMETERS else p.overrides
             try:
                 sampler = make_sampler(p.sampler, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
             except ConfigError as e:

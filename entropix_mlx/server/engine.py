@@ -132,7 +132,8 @@ class Engine:
         finish = None
         try:
             for event in generation:
-                top = sampler.pending.pop(0) if job.top_logprobs else None
+                # A sampler that decides whole answers (deliberate) makes no per-step choices to record.
+                top = sampler.pending.pop(0) if job.top_logprobs and sampler.pending else None
                 entry = None
                 if job.logprobs:
                     with self.tokenizer_lock:
@@ -153,7 +154,8 @@ class Engine:
         tail = scanner.flush() if finish != "stop" else ""
         # The cache now holds the prompt and (nearly) every answer token: keep it
         # for the next turn of this conversation.
-        self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
+        if generation.cache is not None:   # None: a sampler that kept no cache of its own (deliberate)
+            self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
         self._emit(job, "end", finish, tail, generation.summary())
 
 

@@ -53,13 +53,18 @@ class PrefixCache:
     def put(self, ids: list[int], cache: list) -> None:
         """Keep `cache`, which holds the keys and values of `ids` (it must not be
         written to afterwards). Entries whose ids are a prefix of `ids` add
-        nothing any more and are dropped."""
+        nothing any more and are dropped; `ids` already held by an entry are
+        not stored twice."""
         n = min(min(layer.offset for layer in cache), len(ids))
         if n <= 0 or self.max_entries <= 0 or n > self.max_tokens:
             return
         for layer in cache:
             layer.trim(layer.offset - n)
         ids = list(ids[:n])
+        for key, (cached, _) in self._entries.items():
+            if len(cached) >= n and cached[:n] == ids:   # already held (a request that added nothing)
+                self._entries.move_to_end(key)
+                return
         for key in [k for k, (cached, _) in self._entries.items()
                     if len(cached) <= n and ids[:len(cached)] == cached]:
             self._tokens -= len(self._entries.pop(key)[0])
