@@ -77,7 +77,9 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(
         "--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) to a PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) "
+                       "to a PNG.")] = None,
     weights: WeightsOpt = default_weights(),
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,

@@ -218,7 +218,8 @@ def tiny_ref(tmp_path, monkeypatch):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
     model, tokenizer = make_tiny_model(tie_word_embeddings=False), make_tiny_tokenizer()
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (model, tokenizer, ModelSource(str(path), path, "gguf", "tiny")))
+    source = ModelSource(str(path), path, "gguf", "tiny")
+    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (model, tokenizer, source))
     return str(path)
 
 
