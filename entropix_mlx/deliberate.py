@@ -109,6 +109,10 @@ class Candidate:
     own_tokens: int             # tokens this row generated itself (after its split)
     mean_logprob: float = 0.0
     answer_margin: float = 0.0  # mean margin over the answer's tokens (CoT-decoding)
+    # The same means without the first token, which a branch did not choose
+    # freely: how sure the model is of the path once it is on it.
+    continuation_logprob: float = 0.0
+    continuation_margin: float = 0.0
     branched_at: list[int] = field(default_factory=list)   # positions where this row spawned branches
 
     def to_dict(self) -> dict:
@@ -180,7 +184,9 @@ def answer_scores(candidates: list[Candidate], selector: str) -> dict:
     - max_margin: the best answer margin among its candidates;
     - logprob: the best mean log-probability (nats) among its candidates;
     - vote: how many candidates give it;
-    - weighted_vote: sum over its candidates of exp(mean log-probability)."""
+    - weighted_vote: sum over its candidates of exp(mean log-probability);
+    - continuation_logprob, continuation_margin: the best mean log-probability
+      or margin after the first token among its candidates."""
     scores: dict = {}
     for c in candidates:
         if c.answer is None:
@@ -197,10 +203,18 @@ def answer_scores(candidates: list[Candidate], selector: str) -> dict:
             value, combine = 1.0, _add
         elif selector == "weighted_vote":
             value, combine = math.exp(c.mean_logprob), _add
+        elif selector == "continuation_logprob":
+            value, combine = c.continuation_logprob, max
+        elif selector == "continuation_margin":
+            value, combine = c.continuation_margin, max
         else:
             raise ValueError(f"unknown selector {selector!r}")
         scores[c.answer] = combine(scores[c.answer], value) if c.answer in scores else value
     return scores
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _add(a, b):
@@ -239,12 +253,14 @@ def candidate_from(result: RowResult, rows: dict, tokenizer, answer_of) -> Candi
     margins = [m.get("margin", 0.0) for m in result.metrics]
     span = answer_token_span(tokenizer, result.tokens, answer)
     split = result.split
+    rest = slice(1, None) if len(logprobs) > 1 else slice(None)
     return Candidate(
         row=result.row, parent=result.parent, split=split, tokens=list(result.tokens), text=text, answer=answer,
         logprobs=logprobs, margins=margins, finish_reason=result.finish_reason,
         own_tokens=len(result.tokens) - (split or 0),
         mean_logprob=sum(logprobs) / len(logprobs) if logprobs else 0.0,
         answer_margin=sum(margins[i] for i in span) / len(span) if span else 0.0,
+        continuation_logprob=_mean(logprobs[rest]), continuation_margin=_mean(margins[rest]),
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [])
 
 
@@ -308,6 +324,7 @@ def eval_rows(model, tokenizer, requests: list[Request], config: DeliberateConfi
         result.extra = {"tokens_spent": d.tokens_spent, "branches": len(d.candidates) - 1, "chosen": d.chosen,
                         "reason": d.reason, "candidates": [
                             {k: getattr(c, k) for k in ("split", "answer", "answer_margin", "mean_logprob",
+                                                        "continuation_logprob", "continuation_margin",
                                                         "own_tokens", "text")} for c in d.candidates]}
         yield index, result, seconds
 

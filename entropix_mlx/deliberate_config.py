@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 
 from .errors import ConfigError
 
-SELECTORS = ("greedy", "margin", "max_margin", "logprob", "vote", "weighted_vote")
+SELECTORS = ("greedy", "margin", "max_margin", "logprob", "vote", "weighted_vote", "continuation_logprob",
+             "continuation_margin")
 
 
 @dataclass(frozen=True)

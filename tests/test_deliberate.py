@@ -227,3 +227,17 @@ def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, 
             assert r["tokens_spent"] == sum(c["own_tokens"] for c in cands) <= 6 * 5
         outs.append([(r["output"], r["tokens_spent"]) for r in records])
     assert outs[0] == outs[1]    # the batch does not change any answer
+
+
+def test_continuation_scores_leave_out_the_forced_first_token(model, tiny_tokenizer):
+    cfg = DeliberateConfig(first_alternatives=3, max_branch_points=0, selector="continuation_logprob")
+    d = deliberate(model, tiny_tokenizer, prompt_of(tiny_tokenizer, TEXTS[0]), cfg, max_tokens=6)
+    for c in d.candidates:
+        assert c.continuation_logprob == pytest.approx(sum(c.logprobs[1:]) / 5)
+        assert c.continuation_margin == pytest.approx(sum(c.margins[1:]) / 5)
+    best = max(d.candidates, key=lambda c: (c.continuation_logprob, c.parent is None))
+    if best.answer is not None and best.answer != d.candidates[0].answer:
+        assert d.winner.answer == best.answer
+    cands = [cand("7", None), cand("8")]
+    cands[0].continuation_margin, cands[1].continuation_margin = 0.2, 0.5
+    assert select(cands, "continuation_margin", 0.2)[0] == 1 and select(cands, "continuation_margin", 0.3)[0] == 0
