@@ -24,9 +24,16 @@ def calibrate(
         "--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens generated per prompt.")] = 24,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed of the sampled answers.")] = 0,
+    tune: Annotated[bool, typer.Option(
+        "--tune", help="Then compare the strategy settings in calibrate.TUNE_CANDIDATES on the built-in "
+                       "dev split and open text, and write the chosen one and every trial to the card "
+                       "(about an hour on a busy 2-core CPU).")] = False,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="With --tune: only the first N dev items (a quick check).")] = None,
     weights: WeightsOpt = default_weights(),
 ):
-    """Calibrate the Entropix thresholds for a model (a few minutes on CPU)."""
+    """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
+    chooses its strategy settings on the dev split."""
     from entropix_mlx.calibrate import PROMPTS, QUANTILES, calibrate as run_calibration
     from entropix_mlx.cards import card_path
     from entropix_mlx.loading import load, resolve
@@ -55,6 +62,25 @@ def calibrate(
         unit = "bits" if metric == "entropy" else "bits^2"
         print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
     print(f"wrote {path}")
+    if tune:
+        from entropix_mlx.calibrate import tune as run_tuning
+
+        def tuning_progress(name):
+            print(f"tuning: {name}", file=sys.stderr, flush=True)
+
+        try:
+            chosen, trials, greedy, _ = run_tuning(llm, tokenizer, source.name, path, limit=limit,
+                                                   progress=tuning_progress)
+        except KeyboardInterrupt as interrupt:
+            print(f"\ninterrupted: {path} has the new thresholds, its tuning is unchanged", file=sys.stderr)
+            raise typer.Exit(exit_code(interrupt))
+        print(f"greedy: dev accuracy {greedy['accuracy']:.3f}")
+        for t in trials:
+            o = t["open"]
+            print(f"  {t['name']:36} dev accuracy {t['accuracy']:.3f}  W/L/T {t['wins']}/{t['losses']}/{t['ties']}"
+                  f"  p {t['p']:.3f}  repeated-4-gram {o['repeated_4gram_share']:.3f}  loops {o['loops']}"
+                  f"  mean logprob {o['mean_logprob']:.3f}")
+        print(f"chose {chosen['name']!r}; wrote {path}")
 
 
 def check_writable(path: Path):

@@ -196,3 +196,216 @@ def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_
     SamplerConfig().replace(**fields)              # never write a card the sampler would reject
     write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
     return path, found, samples
+
+
+# -- tuning on the dev split ------------------------------------------------------------
+#
+# `entropix-mlx calibrate --tune`: after the thresholds, compare a few sampler
+# settings on the built-in tasks' dev split (accuracy, 32 tokens per answer, the
+# eval's seeds) and on open text (PROMPTS above, 64 tokens, seeds 0 and 1), choose
+# one by a fixed rule, and record every trial in the card's [tuning] table. The
+# test split and the eval's open-text prompts are never looked at here.
+#
+# Each candidate is a set of overrides over the calibrated thresholds and the
+# SamplerConfig defaults (not over the previous tuning), so a rerun compares the
+# same settings. Kept small on purpose: every setting tried is reported.
+NO_THINK = ["argmax", "branch", "resample", "adaptive"]
+TUNE_CANDIDATES = (
+    ("card", {}),                                                   # the calibrated card, " ..." thinking text
+    ("no-think", {"strategies": NO_THINK}),
+    ("margin-3", {"argmax_margin": 3.0}),
+    ("no-think, no-resample, margin-3", {"strategies": ["argmax", "branch", "adaptive"], "argmax_margin": 3.0}),
+)
+TUNE_SPLIT = "dev"
+TUNE_ANSWER_TOKENS = 32
+TUNE_OPEN_TOKENS = 64
+TUNE_OPEN_SEEDS = (0, 1)
+TUNED_FIELDS = ("strategies", "argmax_margin", "thinking_text", "max_thinking_insertions", "repetition_penalty",
+                "repetition_ngram", "adaptive_samples", "adaptive_max_temperature", "branch_candidates",
+                "branch_rollout_tokens")
+
+
+def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):
+    """(prompt index, seed, RowResult) of every prompt under each seed, batched
+    as the eval batches them (batch 8, the eval's per-item seeds)."""
+    from .batch import Request, generate_batch
+    from .eval.runner import common_prefix, item_seed
+
+    out = []
+    for seed in seeds:
+        requests = [Request(p, item_seed(seed, i), max_tokens) for i, p in enumerate(prompts)]
+        for i, result, _ in generate_batch(model, tokenizer, requests, make, 8, prefix=common_prefix(prompts)):
+            out.append((i, seed, result))
+    return out
+
+
+def open_figures(runs) -> dict:
+    """Open-text figures over (index, seed, result) runs: mean repeated-4-gram
+    share, the longest back-to-back loop, outputs with a loop of 12+ tokens,
+    the mean log-probability (nats, as the sampler reported it: the model's own
+    distribution), early endings (end of turn before 16 tokens)."""
+    from .eval.opentext import EARLY_TOKENS, LOOP_ALERT, longest_loop, repeated_ngram_share
+
+    shares = [s for _, _, r in runs if (s := repeated_ngram_share(r.tokens, 4)) is not None]
+    loops = [longest_loop(r.tokens) for _, _, r in runs]
+    lps = [sum(lp) / len(lp) for _, _, r in runs if (lp := [x for x in r.logprobs if x is not None])]
+    return {"repeated_4gram_share": round(float(np.mean(shares)), 4) if shares else 0.0,
+            "longest_loop": max(loops, default=0), "loops": sum(n >= LOOP_ALERT for n in loops),
+            "mean_logprob": round(float(np.mean(lps)), 4) if lps else 0.0,
+            "early_endings": sum(r.finish_reason == "eos" and len(r.tokens) < EARLY_TOKENS for _, _, r in runs)}
+
+
+def acceptable(trial: dict, greedy: dict, min_p: dict) -> bool:
+    """The open-text rule a chosen setting must meet on the tuning prompts: at
+    most half greedy's repeated-4-gram share, no loop of 12+ tokens, a mean
+    log-probability no lower than min_p's (T 0.7)."""
+    o = trial["open"]
+    return (o["repeated_4gram_share"] <= greedy["open"]["repeated_4gram_share"] / 2 and o["loops"] == 0
+            and o["mean_logprob"] >= min_p["open"]["mean_logprob"])
+
+
+def choose(trials: list[dict], greedy: dict, min_p: dict) -> dict:
+    """The acceptable trial with the highest dev accuracy (the earlier one on a
+    tie); with none acceptable, the one with the highest accuracy."""
+    ok = [t for t in trials if acceptable(t, greedy, min_p)] or trials
+    return max(ok, key=lambda t: (t["accuracy"], -trials.index(t)))
+
+
+def tune(model, tokenizer, model_name: str, path, candidates=None, limit: int | None = None,
+         progress=None) -> tuple[dict, list[dict], dict, dict]:
+    """Run greedy, min_p (T 0.7, open text only) and every candidate; choose one;
+    write its settings into the card's [sampler] and every trial into [tuning].
+    Returns (chosen, trials, greedy, min_p)."""
+    from .config import SamplerConfig, load_toml
+    from .entropix import EntropixSampler
+    from .eval import builtin_tasks_path, load_tasks, score, select_split
+    from .eval.stats import sign_test
+    from .prompt import encode_chat
+    from .samplers import GreedySampler, MinPSampler
+
+    candidates = TUNE_CANDIDATES if candidates is None else candidates
+    path = Path(path)
+    card = load_toml(path)
+    thresholds_only = SamplerConfig().replace(**{k: getattr(card, k) for k in QUANTILES})
+    tasks = select_split(load_tasks(builtin_tasks_path()), TUNE_SPLIT)[:limit]
+    chat = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]) for t in tasks]
+    open_prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+
+    def measure(name, make, answers=True, seeds=TUNE_OPEN_SEEDS):
+        if progress:
+            progress(name)
+        row = {"name": name}
+        if answers:
+            row["correct"] = [score(tokenizer.decode(r.tokens), tasks[i])[1]
+                              for i, _, r in sorted(_runs(model, tokenizer, chat, make, (0,), TUNE_ANSWER_TOKENS),
+                                                    key=lambda x: x[0])]
+            row["accuracy"] = round(sum(row["correct"]) / len(tasks), 4)
+        row["open"] = open_figures(_runs(model, tokenizer, open_prompts, make, seeds, TUNE_OPEN_TOKENS))
+        return row
+
+    greedy = measure("greedy", lambda: GreedySampler(metrics=False), seeds=(0,))
+    min_p = measure("min_p", lambda: MinPSampler(0.7, 0.1, metrics=False), answers=False)
+    trials = []
+    for name, overrides in candidates:
+        config = thresholds_only.replace(**overrides)
+        row = measure(name, lambda config=config: EntropixSampler(config, tokenizer))
+        wins = sum(a and not b for a, b in zip(row["correct"], greedy["correct"]))
+        losses = sum(b and not a for a, b in zip(row["correct"], greedy["correct"]))
+        row.update(overrides=overrides, wins=wins, losses=losses, ties=len(tasks) - wins - losses,
+                   p=round(sign_test(wins, losses), 4))
+        trials.append(row)
+    chosen = choose(trials, greedy, min_p)
+    settings = {f: getattr(thresholds_only.replace(**chosen["overrides"]), f) for f in TUNED_FIELDS}
+    write_card(path, tuned_card_text(path.read_text(), settings,
+                                     tuning_table(chosen, trials, greedy, min_p, len(tasks))))
+    return chosen, trials, greedy, min_p
+
+
+def tuning_table(chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_items: int) -> str:
+    lines = ["# How [sampler]'s strategy settings were chosen (`entropix-mlx calibrate --tune`): every",
+             "# setting tried, its dev-split accuracy (built-in tasks, 32 tokens, seed 0) against greedy,",
+             "# and its open text on the calibration prompts (64 tokens, seeds 0-1). Rule: the best dev",
+             "# accuracy among settings with at most half greedy's repeated-4-gram share, no loop of 12+",
+             "# tokens and a mean log-probability no lower than min_p's (T 0.7).",
+             "[tuning]",
+             f"date = {_toml_value(datetime.date.today().isoformat())}",
+             f"split = {_toml_value(TUNE_SPLIT)}",
+             f"items = {n_items}",
+             f"chosen = {_toml_value(chosen['name'])}",
+             f"greedy_accuracy = {greedy['accuracy']!r}",
+             "greedy_open = " + _inline(greedy["open"]),
+             "min_p_open = " + _inline(min_p["open"])]
+    for t in trials:
+        lines += ["", "[[tuning.trials]]", f"name = {_toml_value(t['name'])}",
+                  "overrides = " + _inline(t["overrides"]),
+                  f"accuracy = {t['accuracy']!r}",
+                  f"wins_losses_ties = {_toml_value([t['wins'], t['losses'], t['ties']])}",
+                  f"p = {t['p']!r}",
+                  "open = " + _inline(t["open"])]
+    return "\n".join(lines)
+
+
+def _inline(d: dict) -> str:
+    if not d:
+        return "{}"
+    return "{ " + ", ".join(f"{k} = {_toml_value(list(v) if isinstance(v, tuple) else v)}"
+                            for k, v in d.items()) + " }"
+
+
+def tuned_card_text(text: str, settings: dict, tuning: str) -> str:
+    """The card with `settings` set in [sampler] (each key's line replaced, or
+    added at the end of the table) and its [tuning] table replaced; everything
+    else kept as it is."""
+    lines = text.splitlines()
+    out, table, seen = [], None, set()
+
+    def flush_missing():
+        for k, v in settings.items():
+            if k not in seen:
+                out.append(f"{k} = {_toml_value(list(v) if isinstance(v, tuple) else v)}")
+                seen.add(k)
+
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("["):
+            if table == "sampler":
+                while out and not out[-1].strip():
+                    out.pop()
+                flush_missing()
+                out.append("")
+            table = stripped.strip("[]").split(".")[0].strip()
+        elif table == "sampler" and "=" in stripped and not stripped.startswith("#"):
+            key = stripped.split("=", 1)[0].strip()
+            if key in settings:
+                v = settings[key]
+                out.append(f"{key} = {_toml_value(list(v) if isinstance(v, tuple) else v)}")
+                seen.add(key)
+                continue
+        out.append(line)
+    if table == "sampler":
+        flush_missing()
+    body = other_tables_except("\n".join(out), "tuning")
+    return body.rstrip("\n") + "\n\n" + tuning + "\n"
+
+
+def other_tables_except(text: str, name: str) -> str:
+    """`text` without the top-level table `name` (its sub-tables, arrays of
+    tables and the comment lines just above its header included)."""
+    kept, block, drop, pending = [], [], False, []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            top = stripped.strip("[]").split(".")[0].strip().strip('"')
+            if not drop:
+                kept.extend(block)
+            block, drop, pending = pending + [line], top == name, []
+        elif stripped.startswith("#") or not stripped:
+            pending.append(line)
+        else:
+            block += pending + [line]
+            pending = []
+    if not drop:
+        kept.extend(block + pending)
+    else:
+        kept.extend(pending)
+    return "\n".join(kept)

@@ -127,3 +127,81 @@ def test_recalibrating_keeps_the_cards_other_tables(tmp_path):
     assert "# how the settings were chosen\n[tuning]" in text
     assert data["sampler"]["repetition_penalty"] == 3.0                  # a tuned setting, kept
     assert data["calibration"]["steps"] == 1000 and text.count("[calibration]") == 1
+
+
+# -- tuning on the dev split ---------------------------------------------------------------
+
+
+def _trial(name, accuracy, share, loops=0, logprob=-1.0, **overrides):
+    return {"name": name, "accuracy": accuracy, "overrides": overrides, "wins": 1, "losses": 0, "ties": 2, "p": 1.0,
+            "open": {"repeated_4gram_share": share, "longest_loop": 12 if loops else 4, "loops": loops,
+                     "mean_logprob": logprob, "early_endings": 0}}
+
+
+def test_choose_takes_the_best_dev_accuracy_among_acceptable_open_text():
+    greedy = _trial("greedy", 0.40, 0.10, logprob=-0.7)
+    min_p = _trial("min_p", 0.0, 0.05, logprob=-1.0)
+    trials = [_trial("loops", 0.50, 0.04, loops=1),            # best accuracy, but a 12-token loop
+              _trial("repeats", 0.48, 0.06),                   # more than half greedy's repetition
+              _trial("incoherent", 0.47, 0.01, logprob=-1.2),  # less likely text than min_p's
+              _trial("a", 0.41, 0.02), _trial("b", 0.45, 0.05), _trial("c", 0.45, 0.01)]
+    assert [cal.acceptable(t, greedy, min_p) for t in trials] == [False, False, False, True, True, True]
+    assert cal.choose(trials, greedy, min_p)["name"] == "b"     # the first of the two best
+    assert cal.choose(trials[:3], greedy, min_p)["name"] == "loops"   # none acceptable: best accuracy
+
+
+def test_tuned_card_text_sets_sampler_fields_and_replaces_tuning():
+    text = ('# card\nname = "m"\n\n[sampler]\nlow_entropy = 1.0\nargmax_margin = 0.0\n\n'
+            '[calibration]\nsteps = 5\n\n# old\n[tuning]\nchosen = "x"\n\n[[tuning.trials]]\nname = "x"\n\n'
+            '[deliberate]\nwidth = 4\n')
+    new = cal.tuned_card_text(text, {"argmax_margin": 3.0, "strategies": ("argmax", "adaptive")},
+                              '[tuning]\nchosen = "y"')
+    data = tomllib.loads(new)
+    assert data["sampler"] == {"low_entropy": 1.0, "argmax_margin": 3.0, "strategies": ["argmax", "adaptive"]}
+    assert data["tuning"] == {"chosen": "y"} and data["deliberate"] == {"width": 4}
+    assert data["calibration"]["steps"] == 5 and "# old" not in new and new.startswith("# card\n")
+
+
+def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_path, monkeypatch, tiny_tokenizer):
+    path = tmp_path / "tiny.toml"
+    cal.calibrate(None, None, "tiny", out=path, samples=synthetic_samples())
+    path.write_text(path.read_text() + '\n[deliberate]\nwidth = 4\n')
+    monkeypatch.setattr(cal, "PROMPTS", ("Write a poem.", "Hi"))
+    candidates = (("card", {}), ("margin", {"argmax_margin": 2.5, "strategies": ["argmax", "adaptive"]}))
+    seen = []
+    chosen, trials, greedy, min_p = cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates, limit=3,
+                                             progress=seen.append)
+    assert seen == ["greedy", "min_p", "card", "margin"]
+    assert [t["name"] for t in trials] == ["card", "margin"]
+    for t in trials:
+        assert len(t["correct"]) == 3 and t["wins"] + t["losses"] + t["ties"] == 3
+        assert 0.0 <= t["open"]["repeated_4gram_share"] <= 1.0 and t["open"]["mean_logprob"] <= 0.0
+    data = tomllib.loads(path.read_text())
+    assert data["tuning"]["chosen"] == chosen["name"] and data["tuning"]["items"] == 3
+    assert [t["name"] for t in data["tuning"]["trials"]] == ["card", "margin"]
+    assert data["tuning"]["trials"][1]["overrides"] == {"argmax_margin": 2.5, "strategies": ["argmax", "adaptive"]}
+    assert data["deliberate"] == {"width": 4}
+    config = load_toml(path)
+    expected = SamplerConfig().replace(**chosen["overrides"])
+    assert config.argmax_margin == expected.argmax_margin and config.strategies == expected.strategies
+    # Tuning again replaces the [tuning] table instead of adding a second one.
+    cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=2)
+    data = tomllib.loads(path.read_text())
+    assert [t["name"] for t in data["tuning"]["trials"]] == ["card"] and data["sampler"]["argmax_margin"] == 0.0
+
+
+def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    from entropix_mlx.cli.app import main
+
+    model = make_tiny_model()
+    monkeypatch.setattr("entropix_mlx.loading.load",
+                        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
+    monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
+    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": cal.NO_THINK})))
+    out = tmp_path / "card.toml"
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--out", str(out), "--max-tokens", "2", "--tune", "--limit", "2"])
+    assert e.value.code == 0
+    printed = capsys.readouterr().out
+    assert "no-think" in printed and "chose " in printed
+    assert [t["name"] for t in tomllib.loads(out.read_text())["tuning"]["trials"]] == ["card", "no-think"]
