@@ -246,7 +246,7 @@ def _fmt(x: float) -> str:
 
 # -- generation ------------------------------------------------------------------------
 
-def candidate_from(result: RowResult, rows: dict, tokenizer, answer_of) -> Candidate:
+def candidate_from(result: RowResult, tokenizer, answer_of) -> Candidate:
     text = tokenizer.decode(result.tokens)
     answer = answer_of(text)
     logprobs = [lp if lp is not None else 0.0 for lp in result.logprobs]
@@ -292,7 +292,7 @@ def deliberate_batch(model, tokenizer, requests: list[Request], config: Delibera
         if root is None or len(done[index]) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
             continue
         results = sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row))
-        candidates = [candidate_from(r, rows, tokenizer, lambda text: answer_of(index, text)) for r in results]
+        candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
         chosen, reason, scores = select(candidates, config.selector, config.margin)
         yield index, Deliberation(candidates, chosen, reason, scores), seconds.pop(index)
 
