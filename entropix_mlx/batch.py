@@ -228,6 +228,9 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
             done.append(row)
             if row.result.parent is None:   # a spawned row's sampler is not a batch slot's
                 group.free.append(row.sampler)
+            keep_cache = getattr(group, "keep_cache", None)   # the server keeps a finished row's cache
+            if keep_cache is not None and row_cache is not None:
+                keep_cache(row, row_cache)
         else:
             rejoin.append(row)
         for alt, logprob, metrics in row.spawn:   # children of row i, at the position it just decided

@@ -15,6 +15,7 @@ import asyncio
 import queue
 import random
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -72,8 +73,11 @@ class TopLogprobs:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None,
+                 batch_size: int = 8):
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.batch_size = batch_size
+        self._waiting: deque = deque()
         self.context = model.args.max_position_embeddings
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self._queue: queue.Queue = queue.Queue()
@@ -89,7 +93,7 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._waiting)
 
     def submit(self, job: Job) -> Job:
         job.loop = asyncio.get_running_loop()
@@ -100,27 +104,63 @@ class Engine:
     def close(self):
         self._queue.put(None)
 
-    def _emit(self, job: Job, *event):
+    def emit(self, job: Job, *event):
+        """Hand an event to the request's handler (on the event loop's thread)."""
         job.loop.call_soon_threadsafe(job.events.put_nowait, event)
 
+    _emit = emit
+
     def _work(self):
+        from .batched import BatchRunner
+        runner = BatchRunner(self, self.batch_size)
+        self._waiting = waiting = deque()
         while True:
-            job = self._queue.get()
-            if job is None:
+            # Block for work only when nothing is being decoded.
+            if runner.idle and not waiting:
+                waiting.append(self._queue.get())
+            while True:
+                try:
+                    waiting.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if any(job is None for job in waiting):   # close()
                 return
-            if job.cancelled:
-                self.cancelled += 1
+            while waiting:
+                job = waiting[0]
+                if job.cancelled:          # its client left while it waited
+                    waiting.popleft()
+                    self.cancelled += 1
+                    continue
+                if getattr(job.sampler, "deliberates", False):
+                    # A sampler that runs its own batches over whole answers: alone, between batches.
+                    if not runner.idle:
+                        break
+                    waiting.popleft()
+                    self._alone(job)
+                    continue
+                if not runner.has_room:
+                    break
+                runner.add(waiting.popleft())
+            self.busy = not runner.idle
+            if runner.idle:
                 continue
-            self.busy = True
             try:
-                self._run(job)
-            except EntropixError as e:     # e.g. a config the sampler rejects mid-way
-                self._emit(job, "error", str(e))
-            except Exception as e:         # a bug: report it to this client, keep serving the others
-                self._emit(job, "error", f"internal error: {type(e).__name__}: {e}")
-            finally:
-                self.busy = False
-                self.served += 1
+                runner.step()
+            except Exception as e:   # a bug or an overflow: those requests fail, the server goes on
+                runner.fail(f"internal error: {type(e).__name__}: {e}")
+            self.busy = not runner.idle
+
+    def _alone(self, job: Job):
+        self.busy = True
+        try:
+            self._run(job)
+        except EntropixError as e:     # e.g. a config the sampler rejects mid-way
+            self._emit(job, "error", str(e))
+        except Exception as e:         # a bug: report it to this client, keep serving the others
+            self._emit(job, "error", f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self.busy = False
+            self.served += 1
 
     def _run(self, job: Job):
         cache, cached = self.prefix_cache.take(job.ids)
