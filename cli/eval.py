@@ -192,6 +192,15 @@ def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
         return run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
 
 
+def _console():
+    """stdout's console; when it is a file or a pipe (no terminal width to fit), wide
+    enough that table cells do not wrap (rich assumes 80 columns there)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
 def print_table(results: dict):
     from rich.console import Console
     from rich.table import Table
@@ -210,7 +219,7 @@ def print_table(results: dict):
                          no_wrap=column in ("sampler", "tok/s", "p"))
     for r in rows:
         table.add_row(*r.values())
-    console = Console()
+    console = _console()
     console.print(table)
     for name, summary in results["samplers"].items():
         text = strategy_text(name, summary)
@@ -237,7 +246,7 @@ def print_open_table(results: dict):
         table.add_column(column, justify="left" if column == "sampler" else "right", no_wrap=column == "sampler")
     for r in rows:
         table.add_row(*r.values())
-    console = Console()
+    console = _console()
     console.print(table)
     console.print(f"rep-4: share of 4-grams already seen earlier in the same output (lower: less repetition); "
                   f"distinct-2: distinct bigrams / bigrams; loop: longest back-to-back repeated span, in tokens; "
