@@ -36,6 +36,8 @@ def serve(model: ModelOpt = None,
           allow_origin: Annotated[list[str] | None, typer.Option(
               "--allow-origin", help="Allow browser pages from this origin (CORS); repeatable. Off by default.")] = None,
           max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body, bytes.")] = 1_000_000,
+          batch_size: Annotated[int, typer.Option(
+              "--batch-size", min=1, max=64, help="Requests decoded together; more wait in a queue.")] = 8,
           cache_tokens: Annotated[int, typer.Option(
               "--cache-tokens", min=0, help="Prompt-prefix cache: most token positions kept (0: off).")] = 32768,
           weights: WeightsOpt = default_weights()):
@@ -50,7 +52,7 @@ def serve(model: ModelOpt = None,
     from entropix_mlx.server import serve as run_server
     run_server(llm, tokenizer, source.name, host=host, port=port, api_key=api_key,
                allow_origins=allow_origin or None, max_body=max_body,
-               cache_entries=8 if cache_tokens else 0, cache_tokens=cache_tokens)
+               cache_entries=8 if cache_tokens else 0, cache_tokens=cache_tokens, batch_size=batch_size)
 
 
 def register(app: typer.Typer):

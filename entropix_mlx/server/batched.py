@@ -23,37 +23,9 @@ import mlx.core as mx
 
 from ..batch import Request, _Group, _step, _streams, default_groups
 from ..cache import KVCache
+from .engine import Recorder
 from .responses import chat_logprob, plain
 from .stops import StopScanner
-
-
-class Recorder:
-    """Wraps a row's sampler: what each decision chose, token by token (the
-    parameters and the top alternatives, which batch.py does not keep)."""
-
-    def __init__(self, sampler, k: int):
-        self.sampler, self.k = sampler, k
-        self.pending: deque = deque()   # per chosen token: (params, note, top)
-
-    def __getattr__(self, name):
-        return getattr(self.sampler, name)
-
-    def reset(self):
-        self.sampler.reset()
-        self.pending.clear()
-
-    def choose(self, step, key):
-        choice = self.sampler.choose(step, key)
-        top = []
-        if self.k:
-            logprobs = step.logits.astype(mx.float32)
-            logprobs = logprobs - mx.logsumexp(logprobs)
-            k = min(self.k, logprobs.shape[-1])
-            ids = mx.argpartition(-logprobs, k - 1)[:k]
-            top = sorted(zip(ids.tolist(), logprobs[ids].tolist()), key=lambda p: -p[1])
-        for i, _ in enumerate(choice.tokens):   # alternatives only where the model chose
-            self.pending.append((choice.params, choice.note, top if i == 0 else []))
-        return choice
 
 
 class _Slot:

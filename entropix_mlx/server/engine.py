@@ -1,14 +1,16 @@
 """The server's model owner: one worker thread runs every generation.
 
-Requests are queued (`Engine.submit`) and answered one at a time, in arrival
-order, by `generate`'s decode loop; the worker hands each token to the
-request's asyncio queue as soon as it is produced. One thread owns the model,
-the tokenizer's streaming detokenizer and the prefix cache, so no two requests
-ever share mutable state, and outputs cannot mix. Why not batched rows: see
-README, "Server and web page" (measured throughput with 1 and 8 clients).
+Requests are queued (`Engine.submit`); the worker admits them into a batch
+(batched.py: batch.py's continuous batching, streaming per row) as slots free
+up, and hands each token to its request's asyncio queue as soon as it is
+produced. Only this thread touches the model, the detokenizers and the prefix
+cache, so requests share no mutable state and outputs cannot mix. A sampler
+that runs its own batches over whole answers (`deliberate`) runs alone,
+through `generate`, between batches. Throughput with 1 and 8 clients: README,
+"Server and web page".
 
 A job is cancelled (its client went away) by setting `cancelled`; the worker
-checks it between tokens, and skips a job cancelled while queued.
+cuts its row at the next step, and skips a job cancelled while queued.
 """
 
 import asyncio
@@ -42,33 +44,36 @@ class Job:
     events: asyncio.Queue | None = None
 
 
-class TopLogprobs:
-    """Wraps a sampler to record, at each decision, the k most likely next
-    tokens and their log-probabilities under the model (natural log, before
-    temperature or filtering: the same distribution as `TokenEvent.logprob`).
-    A choice of several tokens (a thinking insertion) has alternatives only
-    for its first token."""
+class Recorder:
+    """Wraps a sampler to record, token by token, what each decision used and
+    saw: the sampling parameters, the note, and the k most likely next tokens
+    with their log-probabilities under the model (natural log, before
+    temperature or filtering: the distribution of `TokenEvent.logprob`). A
+    choice of several tokens (a branch rollout, a thinking insertion) has
+    alternatives only for its first token. batch.py keeps none of this."""
 
     def __init__(self, sampler, k: int):
         self.sampler, self.k = sampler, k
-        self.pending: list = []        # one entry per chosen token, in order
+        self.pending: deque = deque()   # per chosen token: (params, note, top)
 
-    def __getattr__(self, name):      # name, config, config_source...
+    def __getattr__(self, name):
         return getattr(self.sampler, name)
 
     def reset(self):
         self.sampler.reset()
-        self.pending = []
+        self.pending.clear()
 
     def choose(self, step, key):
         choice = self.sampler.choose(step, key)
-        logprobs = step.logits.astype(mx.float32)
-        logprobs = logprobs - mx.logsumexp(logprobs)
-        k = min(self.k, logprobs.shape[-1])
-        top = mx.argpartition(-logprobs, k - 1)[:k]
-        values = logprobs[top]
-        pairs = sorted(zip(top.tolist(), values.tolist()), key=lambda p: -p[1])
-        self.pending += [pairs] + [[] for _ in choice.tokens[1:]]
+        top = []
+        if self.k:
+            logprobs = step.logits.astype(mx.float32)
+            logprobs = logprobs - mx.logsumexp(logprobs)
+            k = min(self.k, logprobs.shape[-1])
+            ids = mx.argpartition(-logprobs, k - 1)[:k]
+            top = sorted(zip(ids.tolist(), logprobs[ids].tolist()), key=lambda p: -p[1])
+        for i, _ in enumerate(choice.tokens):   # alternatives only where the model chose
+            self.pending.append((choice.params, choice.note, top if i == 0 else []))
         return choice
 
 
@@ -164,7 +169,7 @@ class Engine:
 
     def _run(self, job: Job):
         cache, cached = self.prefix_cache.take(job.ids)
-        sampler = TopLogprobs(job.sampler, job.top_logprobs) if job.top_logprobs else job.sampler
+        sampler = Recorder(job.sampler, job.top_logprobs)
         generation = generate(self.model, self.tokenizer, job.ids[cached:], sampler,
                               max_tokens=job.max_tokens, seed=job.seed, cache=cache)
         self._emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
@@ -173,7 +178,7 @@ class Engine:
         try:
             for event in generation:
                 # A sampler that decides whole answers (deliberate) makes no per-step choices to record.
-                top = sampler.pending.pop(0) if job.top_logprobs and sampler.pending else None
+                top = sampler.pending.popleft()[2] if sampler.pending else None
                 entry = None
                 if job.logprobs:
                     with self.tokenizer_lock:

@@ -48,15 +48,15 @@ class AnswerRecorder:
     ALTERNATIVES = 5
 
     def __init__(self, sampler, tokenizer):
-        from .engine import TopLogprobs
+        from .engine import Recorder
         from .responses import record
         self._record = record
-        self.sampler = TopLogprobs(sampler, self.ALTERNATIVES)
+        self.sampler = Recorder(sampler, self.ALTERNATIVES)
         self.tokenizer = tokenizer
         self.tokens: list[dict] = []
 
     def add(self, event):
-        top = self.sampler.pending.pop(0) if self.sampler.pending else []
+        top = self.sampler.pending.popleft()[2] if self.sampler.pending else []
         alternatives = [{"token": self.tokenizer.decode([t]), "logprob": lp} for t, lp in top]
         self.tokens.append({**self._record(event), "alternatives": alternatives})
 
