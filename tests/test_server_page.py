@@ -127,6 +127,19 @@ def test_export_is_a_self_contained_page(answered, browser, tmp_path):
     view.close()
 
 
+def test_page_export_and_run_html_write_the_same_file(answered):
+    from entropix_mlx.server.export import STATIC, export_html
+    page, _ = answered
+    data = {"model": "m", "sampler": "entropix", "seed": 3, "summary": "s </script> <b>",
+            "messages": [{"role": "user", "content": "é <script>alert(1)</script>"}],
+            "tokens": [{"token": 1, "text": " a\n", "strategy": "argmax", "entropy": 0.25, "logprob": -0.5,
+                        "alternatives": [{"token": "<", "logprob": -1.5}]}],
+            "info": {"colors": {"argmax": "#98a84b"}, "thresholds": {"low_entropy": 0.5}}}
+    css, script = (STATIC / "style.css").read_text(), (STATIC / "view.js").read_text()
+    from_page = page.evaluate("([css, script, data]) => EntropixView.exportHtml(css, script, data)", [css, script, data])
+    assert from_page == export_html(data)
+
+
 def test_run_html_writes_the_same_kind_of_page(browser, tmp_path):
     from entropix_mlx.cli.app import main
     path = tmp_path / "run.html"

@@ -96,3 +96,10 @@ def test_a_request_whose_client_leaves_while_queued_is_never_run(tiny_server):
         time.sleep(0.05)
     after = get(port, "/health")[1]
     assert after["cancelled"] == before["cancelled"] + 2 and not after["busy"]
+
+
+def test_unknown_paths_and_methods_get_an_openai_error(tiny_server):
+    port, _ = tiny_server
+    for method, path, status in (("GET", "/v1/chat/completions", 405), ("POST", "/v1/nothing", 404)):
+        got, data = request(port, method, path, b"{}", {"Content-Type": "application/json"})
+        assert got == status and set(json.loads(data)["error"]) == {"message", "type", "param", "code"}

@@ -15,6 +15,7 @@ from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -272,6 +273,12 @@ def create_app(engine: Engine, api_key: str | None = None, allow_origins: list[s
         yield
         engine.close()
 
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    async def http_error(request, exc: HTTPException):
+        # An unknown path or a wrong method: OpenAI's error object too, not Starlette's plain text.
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       None, code="not_found" if exc.status_code == 404 else "method_not_allowed"))
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error})
     app.state.server = server
     return app

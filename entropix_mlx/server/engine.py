@@ -151,7 +151,9 @@ class Engine:
                 continue
             try:
                 runner.step()
-            except Exception as e:   # a bug or an overflow: those requests fail, the server goes on
+            except ContextOverflowError as e:   # a branch rollout looked past the end of the context
+                runner.fail(str(e))
+            except Exception as e:   # a bug: those requests fail, the server goes on
                 runner.fail(f"internal error: {type(e).__name__}: {e}")
             self.busy = not runner.idle
 
