@@ -163,3 +163,21 @@ def test_run_html_refuses_a_missing_folder(tmp_path, capsys):
         main(["run", "Hi", "--html", str(tmp_path / "nope" / "a.html")])
     assert exit_.value.code == 2
     assert "folder does not exist" in capsys.readouterr().err
+
+
+def test_a_second_turn_reuses_the_cached_conversation(answered):
+    page, _ = answered
+    first = page.locator(".msg.assistant").count()
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", "And why is it red at sunset?")
+    page.click("#send")
+    page.wait_for_function(f"() => document.querySelectorAll('.msg.assistant').length > {first} && "
+                           "/stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+                           timeout=120_000)
+    def counts(status):
+        return tuple(map(int, re.search(r"prompt (\d+) \(cached (\d+)\)", status.inner_text()).groups()))
+
+    first_prompt, _ = counts(page.locator(".msg.assistant .status").first)
+    prompt, cached = counts(page.locator(".msg.assistant:last-child .status"))
+    assert first_prompt <= cached < prompt   # the first turn was not prefilled again
+    assert page.locator(".msg.assistant:last-child .tok").count() == 4

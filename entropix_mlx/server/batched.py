@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from ..batch import Request, _Group, _step, _streams, default_groups
 from ..cache import KVCache
-from .engine import Recorder
+from .recorder import Recorder
 from .responses import chat_logprob, plain
 from .stops import StopScanner
 

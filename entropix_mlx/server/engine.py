@@ -20,11 +20,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-import mlx.core as mx
-
 from ..errors import ContextOverflowError, EntropixError
 from ..generate import generate
+from .batched import BatchRunner
 from .prefix_cache import PrefixCache
+from .recorder import Recorder
 from .responses import chat_logprob, record
 from .stops import StopScanner
 
@@ -42,39 +42,6 @@ class Job:
     # Filled by `submit`: where the worker's events go.
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
-
-
-class Recorder:
-    """Wraps a sampler to record, token by token, what each decision used and
-    saw: the sampling parameters, the note, and the k most likely next tokens
-    with their log-probabilities under the model (natural log, before
-    temperature or filtering: the distribution of `TokenEvent.logprob`). A
-    choice of several tokens (a branch rollout, a thinking insertion) has
-    alternatives only for its first token. batch.py keeps none of this."""
-
-    def __init__(self, sampler, k: int):
-        self.sampler, self.k = sampler, k
-        self.pending: deque = deque()   # per chosen token: (params, note, top)
-
-    def __getattr__(self, name):
-        return getattr(self.sampler, name)
-
-    def reset(self):
-        self.sampler.reset()
-        self.pending.clear()
-
-    def choose(self, step, key):
-        choice = self.sampler.choose(step, key)
-        top = []
-        if self.k:
-            logprobs = step.logits.astype(mx.float32)
-            logprobs = logprobs - mx.logsumexp(logprobs)
-            k = min(self.k, logprobs.shape[-1])
-            ids = mx.argpartition(-logprobs, k - 1)[:k]
-            top = sorted(zip(ids.tolist(), logprobs[ids].tolist()), key=lambda p: -p[1])
-        for i, _ in enumerate(choice.tokens):   # alternatives only where the model chose
-            self.pending.append((choice.params, choice.note, top if i == 0 else []))
-        return choice
 
 
 class Engine:
@@ -113,10 +80,7 @@ class Engine:
         """Hand an event to the request's handler (on the event loop's thread)."""
         job.loop.call_soon_threadsafe(job.events.put_nowait, event)
 
-    _emit = emit
-
     def _work(self):
-        from .batched import BatchRunner
         runner = BatchRunner(self, self.batch_size)
         self._waiting = waiting = deque()
         while True:
@@ -162,19 +126,20 @@ class Engine:
         try:
             self._run(job)
         except EntropixError as e:     # e.g. a config the sampler rejects mid-way
-            self._emit(job, "error", str(e))
+            self.emit(job, "error", str(e))
         except Exception as e:         # a bug: report it to this client, keep serving the others
-            self._emit(job, "error", f"internal error: {type(e).__name__}: {e}")
+            self.emit(job, "error", f"internal error: {type(e).__name__}: {e}")
         finally:
             self.busy = False
             self.served += 1
 
     def _run(self, job: Job):
+        """One request alone, through `generate` (for samplers that are not per step)."""
         cache, cached = self.prefix_cache.take(job.ids)
         sampler = Recorder(job.sampler, job.top_logprobs)
         generation = generate(self.model, self.tokenizer, job.ids[cached:], sampler,
                               max_tokens=job.max_tokens, seed=job.seed, cache=cache)
-        self._emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
+        self.emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
         scanner = StopScanner(job.stop)
         finish = None
         try:
@@ -186,7 +151,7 @@ class Engine:
                     with self.tokenizer_lock:
                         entry = chat_logprob(self.tokenizer, event, top)
                 text, hit = scanner.feed(event.text)
-                self._emit(job, "token", record(event), entry, text)
+                self.emit(job, "token", record(event), entry, text)
                 if hit:
                     finish = "stop"
                     break
@@ -203,7 +168,7 @@ class Engine:
         # for the next turn of this conversation.
         if generation.cache is not None:   # None: a sampler that kept no cache of its own (deliberate)
             self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
-        self._emit(job, "end", finish, tail, generation.summary())
+        self.emit(job, "end", finish, tail, generation.summary())
 
 
 def random_seed() -> int:

@@ -48,7 +48,7 @@ class AnswerRecorder:
     ALTERNATIVES = 5
 
     def __init__(self, sampler, tokenizer):
-        from .engine import Recorder
+        from .recorder import Recorder
         from .responses import record
         self._record = record
         self.sampler = Recorder(sampler, self.ALTERNATIVES)
