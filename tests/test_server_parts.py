@@ -113,3 +113,29 @@ def test_valid_requests_parse():
     assert parts.messages[0] == {"role": "system", "content": "ab"}
     completion = parse({"prompt": ["Once"], "logprobs": 2}, False, SAMPLER_NAMES)
     assert (completion.prompt, completion.logprobs, completion.top_logprobs) == ("Once", True, 2)
+
+
+def run_cli(args, capsys):
+    from entropix_mlx.cli.app import main
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--port", "0"], "is not a port"),
+    (["--port", "70000"], "is not a port"),
+    (["--api-key", " "], "--api-key is empty"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--max-body", "10"], "--max-body"),
+])
+def test_serve_rejects_bad_options_in_one_line_before_loading(args, message, capsys):
+    code, err = run_cli(["serve", *args], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_only_loopback_hosts_count_as_local():
+    from entropix_mlx.cli.serve import _is_loopback
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.2") and not _is_loopback("example.com")
