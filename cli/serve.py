@@ -2,6 +2,7 @@
 The server itself lives in entropix_mlx/server/; this only parses options."""
 
 import ipaddress
+import socket
 import sys
 from typing import Annotated
 
@@ -26,6 +27,21 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _check_address(host: str, port: int):
+    """Fail in one line before the model loads (not in uvicorn's log after it)
+    when the address cannot be listened on: taken, or not this machine's."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host}: {e.strerror}; give an address of this machine, e.g. 127.0.0.1") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
+
+
 def serve(model: ModelOpt = None,
           host: Annotated[str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes the server "
                                                             "to the network.")] = "127.0.0.1",
@@ -34,7 +50,7 @@ def serve(model: ModelOpt = None,
               "--api-key", envvar="ENTROPIX_API_KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/ (also $ENTROPIX_API_KEY).")] = None,
           allow_origin: Annotated[list[str] | None, typer.Option(
-              "--allow-origin", help="Allow browser pages from this origin (CORS); repeatable. Off by default.")] = None,
+              "--allow-origin", metavar="ORIGIN", help="Allow browser pages from this origin (CORS); repeatable. Off by default.")] = None,
           max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body, bytes.")] = 1_000_000,
           batch_size: Annotated[int, typer.Option(
               "--batch-size", min=1, max=64, help="Requests decoded together; more wait in a queue.")] = 8,
@@ -44,6 +60,7 @@ def serve(model: ModelOpt = None,
     """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave the option out")
+    _check_address(host, port)
     llm, tokenizer, source = load_model(model, weights)
     if not _is_loopback(host) and not api_key:
         print(f"warning: serving on {host} without --api-key: anyone who can reach this address can use it",

@@ -139,3 +139,12 @@ def test_only_loopback_hosts_count_as_local():
     from entropix_mlx.cli.serve import _is_loopback
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.2") and not _is_loopback("example.com")
+
+
+def test_serve_says_in_one_line_when_the_port_is_taken(capsys):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, err = run_cli(["serve", "--port", str(taken.getsockname()[1])], capsys)
+    assert code == 2 and err.startswith("error: cannot listen on 127.0.0.1:") and len(err.splitlines()) == 1
