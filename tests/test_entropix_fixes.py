@@ -43,16 +43,20 @@ def repeated_ngram_share(tokens, n=4):
 def test_repeat_counts_and_path_repeats():
     history = [5, 6, 7, 5, 6, 8, 5, 6]
     assert repeat_counts(history, 3) == {7: 1, 8: 1}          # "5 6 7" and "5 6 8" occurred once each
-    assert repeat_counts(history, 2) == {7: 1, 8: 1}          # after 6
+    # n = 2: "6 7" and "6 8" occurred once, and each repeat is a 3-token span ("5 6 7"): one more unit
+    assert repeat_counts(history, 2) == {7: 2, 8: 2}
     assert repeat_counts(history, 1)[5] == 3
     assert repeat_counts([1, 2], 3) == {}
-    # Path 7, 5, 6 after history: "5 6 7" (1), "6 7 5" (1), "7 5 6" (1 in history + 0 in path)
-    assert path_repeats(history, [7, 5, 6], 3) == 3
-    # A path's own repetition counts too: "1 1 1" repeated inside the path
-    assert path_repeats([], [1, 1, 1, 1, 1], 3) == 0 + 0 + 1 + 2
+    # Copying a phrase costs more with every token copied: the k-th token of the copy, k - n + 1 units.
+    phrase = [10, 11, 12, 13, 14, 15]
+    assert [repeat_counts(phrase + phrase[:k - 1], 3).get(phrase[k - 1], 0) for k in range(1, 7)] == [0, 0, 1, 2, 3, 4]
+    # Path 7, 5, 6 after history: "5 6 7" (1 unit), "6 7 5" (1, + 1: "5 6 7 5" repeats), "7 5 6" (1, + 2)
+    assert path_repeats(history, [7, 5, 6], 3) == 1 + 2 + 3
+    # A path's own repetition counts too
+    assert path_repeats([], [1, 1, 1, 1, 1], 3) == 0 + 0 + 1 + 3
     sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3))
     assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(
-        -3.0 / math.log(2) - 2.0 * 3)
+        -3.0 / math.log(2) - 2.0 * 6)
 
 
 # -- end of turn right after a thinking insertion ---------------------------------------------
