@@ -77,6 +77,9 @@ class BatchRunner:
         for group in self.groups:
             pending, admitted = deque(), None
             group.free = []
+            while group.waiting and group.waiting[0].job.cancelled:   # its client left before it started
+                self.slots.pop(group.waiting.popleft().number)
+                self.engine.cancelled += 1
             if group.waiting and len(group.rows) < group.size:
                 admitted = group.waiting.popleft()
                 pending.append((admitted.number, admitted.request))
