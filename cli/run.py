@@ -6,7 +6,6 @@ legend and summary go to stderr, so `run ... > answer.txt` keeps just the text.
 """
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from entropix_mlx.config import PRESETS, resolve_config
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.generate import generate
+from entropix_mlx.jsonable import plain
 from entropix_mlx.loading import DEFAULT_MODEL, load, resolve
 from entropix_mlx.prompt import encode_chat, encode_raw
 from entropix_mlx.sampler_registry import SAMPLER_NAMES, make_sampler
@@ -207,24 +207,8 @@ def prompt_tokens(tokenizer, prompt: str, system: str | None, raw: bool) -> list
         raise ConfigError("this model has no chat template; use --raw to send the prompt as is") from None
 
 
-def _plain(value):
-    """JSON-ready data: MLX/NumPy scalars as numbers, NaN and ±inf as null (JSON
-    has no such numbers, and a reader of JSON Lines must never meet one)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
 def json_line(record: dict) -> str:
-    return json.dumps(_plain(record), allow_nan=False) + "\n"
+    return json.dumps(plain(record), allow_nan=False) + "\n"
 
 
 def silence_stdout():

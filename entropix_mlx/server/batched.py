@@ -24,7 +24,8 @@ import mlx.core as mx
 from ..batch import Request, _Group, _step, _streams, default_groups
 from ..cache import KVCache
 from .recorder import Recorder
-from .responses import chat_logprob, plain
+from ..jsonable import plain
+from .responses import chat_logprob
 from .stops import StopScanner
 
 

@@ -5,23 +5,10 @@ text, strategy, the six metrics, the sampling parameters, logprob), made
 JSON-safe: MLX scalars become numbers, NaN and infinities null.
 """
 
-import math
 import time
 import uuid
 
-
-def plain(value):
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
+from ..jsonable import plain
 
 
 def record(event) -> dict:
