@@ -210,11 +210,14 @@ def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_
 # SamplerConfig defaults (not over the previous tuning), so a rerun compares the
 # same settings. Kept small on purpose: every setting tried is reported.
 NO_THINK = ["argmax", "branch", "resample", "adaptive"]
+NO_THINK_NO_RESAMPLE = ["argmax", "branch", "adaptive"]
 TUNE_CANDIDATES = (
-    ("card", {}),                                                   # the calibrated card, " ..." thinking text
-    ("no-think", {"strategies": NO_THINK}),
+    ("card", {}),                                   # the calibrated card: thinking text " ...", no margin rule
+    ("no-think", {"strategies": NO_THINK}),         # thinking text: none
     ("margin-3", {"argmax_margin": 3.0}),
-    ("no-think, no-resample, margin-3", {"strategies": ["argmax", "branch", "adaptive"], "argmax_margin": 3.0}),
+    ("no-think, no-resample, margin-3", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 3.0}),
+    ("no-think, no-resample, margin-1", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 1.0}),
+    ("no-think, no-resample, margin-0.5", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 0.5}),
 )
 TUNE_SPLIT = "dev"
 TUNE_ANSWER_TOKENS = 32
