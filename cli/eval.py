@@ -91,6 +91,8 @@ def eval_command(
 
     names = _samplers(samplers)
     if open_text:
+        if "deliberate" in names:   # it picks among whole answers by their task's answer
+            raise ConfigError("--samplers deliberate is for task files; --open measures free writing")
         if cot:
             raise ConfigError("--cot is for task files; --open measures free writing (use one of them)")
         if split is not None:

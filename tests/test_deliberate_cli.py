@@ -57,3 +57,8 @@ def test_chat_takes_a_budget_and_switches_samplers(tiny_ref):
                             input="hello\n/sampler greedy\nagain\n")
     assert code == 0, err
     assert "1 branch," in out + err and "sampler greedy" in out + err
+
+
+def test_eval_open_refuses_deliberate(tiny_ref):
+    code, out, err = invoke("eval", "--open", "-m", tiny_ref, "--samplers", "greedy,deliberate")
+    assert code == 2 and "deliberate is for task files" in one_error_line(err)
