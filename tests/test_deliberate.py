@@ -241,3 +241,11 @@ def test_continuation_scores_leave_out_the_forced_first_token(model, tiny_tokeni
     cands = [cand("7", None), cand("8")]
     cands[0].continuation_margin, cands[1].continuation_margin = 0.2, 0.5
     assert select(cands, "continuation_margin", 0.2)[0] == 1 and select(cands, "continuation_margin", 0.3)[0] == 0
+
+
+def test_one_token_answers_still_compare_every_first_token(model, tiny_tokenizer):
+    cfg = DeliberateConfig(first_alternatives=3, branch_entropy=0.0, max_branch_points=5)
+    d = deliberate(model, tiny_tokenizer, prompt_of(tiny_tokenizer, TEXTS[1]), cfg, max_tokens=1)
+    assert [len(c.tokens) for c in d.candidates] == [1, 1, 1, 1]
+    assert [c.split for c in d.candidates] == [None, 0, 0, 0] and d.tokens_spent == 4
+    assert all(c.finish_reason == "length" for c in d.candidates)
