@@ -121,6 +121,9 @@ class ChatSession:
         try:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
+            if hasattr(turn.generation, "on_row"):   # deliberate: show the branches as they finish
+                from .deliberation import deliberation_progress
+                turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
             for event in turn:
                 render.write_token(self.out, event.text, event.strategy, self.color)
         except KeyboardInterrupt as interrupt:

@@ -39,6 +39,7 @@ def test_chat_answers_with_deliberate_and_keeps_the_conversation(tiny_ref):
                             input="hello\nand again\n/stats\n")
     assert code == 0, err
     assert out.count(">>> ") == 3 and "tokens spent" in out + err
+    assert (out + err).count("greedy ·") == 2 and (out + err).count("branch at token 0") == 8   # both answers
 
 
 @pytest.mark.parametrize("args, needle", [
