@@ -63,9 +63,11 @@ class SamplerConfig:
     attention_layers: str | tuple[int, ...] = "all"
 
     # Adaptive: draw this many candidates (distinct random keys) and keep the
-    # best-scored one; a candidate's score is its log-probability (bits) minus
-    # repetition_penalty (bits) for each earlier occurrence of the n-gram it
-    # would complete (length repetition_ngram) in the answer.
+    # best-scored one. Every strategy chooses by that score: log-probability
+    # (bits) minus repetition_penalty (bits) per repetition unit, i.e. each
+    # earlier occurrence in the answer of the n-gram (length repetition_ngram)
+    # the token would complete, plus each token by which the longest repeated
+    # span exceeds n (entropix.repeat_counts).
     adaptive_samples: int = 5
     adaptive_top_k_max: int = 100
     adaptive_max_temperature: float = 1.5   # the reference has no cap (see entropix.py)

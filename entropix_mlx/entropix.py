@@ -32,9 +32,10 @@ Strategies (stable names, used in JSON and colours):
            with the best score.
 
 Scores. Every strategy chooses by one score per token,
-    score = log2 p(token) - repetition_penalty * (times the n-gram it completes
-            already occurred in the answer)
-(n = repetition_ngram). It is applied where tokens are chosen, not where the
+    score = log2 p(token) - repetition_penalty * repetition units
+(`repeat_counts`: the times the n-gram it completes, n = repetition_ngram,
+already occurred in the answer, plus the tokens by which the longest such
+repeated span exceeds n, so copying a phrase gets dearer with every token). It is applied where tokens are chosen, not where the
 metrics are measured: the metrics and the decision see the model's own
 distribution; the candidates are drawn and ranked from the scored one (a bias
 on a few log-probabilities, computed on the host from the answer so far). So
