@@ -76,7 +76,8 @@ class SamplerConfig:
 
     # Branch: fork the KV cache, roll out this many candidate first tokens for
     # branch_rollout_tokens tokens each (greedy after the first) and keep the
-    # path with the highest total log-probability.
+    # path with the best score (total log-probability minus the repetition
+    # penalty over the path).
     branch_candidates: int = 3
     branch_rollout_tokens: int = 2
 
