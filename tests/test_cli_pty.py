@@ -125,7 +125,11 @@ def test_run_colours_each_token_by_its_strategy_and_the_legend_matches():
         codes = {code for _, code in chars[m.start():m.end()]}
         assert len(codes) == 1 and None not in codes, (m.group(1), codes)
         legend[m.group(1)] = codes.pop()
-    assert set(legend) == {"argmax", "think", "branch", "resample", "adaptive"}
+    # The card may switch strategies off; the legend lists what it leaves on (adaptive, the fallback, always).
+    from entropix_mlx.config import resolve_config
+    enabled = set(resolve_config("smollm2-135m")[0].strategies) | {"adaptive"}
+    assert enabled >= {"argmax", "adaptive"}
+    assert set(legend) == enabled
     assert len(set(legend.values())) == len(legend), "two strategies share a colour"
     assert all(code == sgr_of(render.STRATEGY_COLORS[name]) for name, code in legend.items())
 
