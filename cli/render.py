@@ -63,13 +63,18 @@ def write_token(console: Console, text: str, strategy: str, color: bool):
     console.file.flush()
 
 
-def sampler_strategies(sampler) -> list[str]:
-    """The strategies this sampler can choose: entropix's config may switch some off
-    (adaptive, the fallback, always stays)."""
-    enabled = getattr(getattr(sampler, "config", None), "strategies", None)
-    if enabled:
+def legend_strategies(name: str, config=None) -> list[str]:
+    """The strategies sampler `name` can choose: an Entropix config may switch some
+    off (adaptive, the fallback, always stays)."""
+    enabled = getattr(config, "strategies", None)
+    if name == "entropix" and enabled:
         return [s for s in SAMPLER_STRATEGIES["entropix"] if s in enabled or s == "adaptive"]
-    return list(SAMPLER_STRATEGIES.get(sampler.name, []))
+    return list(SAMPLER_STRATEGIES.get(name, []))
+
+
+def sampler_strategies(sampler) -> list[str]:
+    """The strategies this sampler instance can choose (its own config decides)."""
+    return legend_strategies(sampler.name, getattr(sampler, "config", None))
 
 
 def legend(strategies) -> Text:

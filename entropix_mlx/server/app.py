@@ -224,7 +224,7 @@ class Server:
         """What the page needs: samplers, strategy colours, the card's thresholds."""
         cfg, source = resolve_config(self.engine.name)
         return JSONResponse({"model": self.engine.name, "context": self.engine.context,
-                             "samplers": list(SAMPLER_NAMES), **page_info(SAMPLER_NAMES),
+                             "samplers": list(SAMPLER_NAMES), **page_info(SAMPLER_NAMES, cfg),
                              "thresholds": {k: getattr(cfg, k) for k in THRESHOLDS}, "thresholds_from": source})
 
     async def page(self, request: Request):

@@ -20,7 +20,7 @@ def info_for(model_name: str, sampler) -> dict:
         config, source = resolve_config(model_name)
     else:
         source = getattr(sampler, "config_source", "")
-    return {**page_info(SAMPLER_NAMES), "thresholds": {k: getattr(config, k) for k in THRESHOLDS},
+    return {**page_info(SAMPLER_NAMES, config), "thresholds": {k: getattr(config, k) for k in THRESHOLDS},
             "thresholds_from": source}
 
 
