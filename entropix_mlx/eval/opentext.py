@@ -42,7 +42,8 @@ import mlx.core as mx
 
 from ..batch import Request, generate_batch
 from ..errors import ConfigError
-from .runner import EvalConfig, ResultStore, _digest, common_prefix, item_seed, machine_description, sampler_settings
+from .runner import (EvalConfig, _digest, common_prefix, default_sampler_factory, item_seed, machine_description,
+                     open_store, sampler_settings)
 from .stats import paired_comparison
 
 LOOP_ALERT = 12       # tokens: a back-to-back loop this long is a visible failure
@@ -160,12 +161,8 @@ def run_open(model, tokenizer, prompts: list[OpenPrompt], config: OpenConfig, ou
     """Every (sampler, seed) writes for every prompt; metrics per output, then
     `summarize_open`. Same resumable store and arguments as `run_eval`."""
     from ..prompt import encode_chat
-    from ..sampler_registry import make_sampler as default_factory
 
-    if make_sampler is None:
-        def make_sampler(name):
-            return default_factory(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
-
+    make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     encoded = [encode_chat(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
     prompt_of = {p.index: e for p, e in zip(prompts, encoded)}
     runs = config.runs()
@@ -176,13 +173,8 @@ def run_open(model, tokenizer, prompts: list[OpenPrompt], config: OpenConfig, ou
         "early_tokens": config.early_tokens,
         "samplers": {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)},
     }
-    store = ResultStore(out_dir, identity)
-    store.check_items(prompts, encoded)
+    store, total, done = open_store(out_dir, identity, prompts, encoded, runs, progress)
     prefix = common_prefix(encoded)
-    total = len(runs) * len(prompts)
-    done = sum((name, seed, p.index) in store.records for name, seed in runs for p in prompts)
-    if progress:
-        progress(done, total, "resuming" if done else "starting")
 
     for name, seed in runs:
         todo = [p for p in prompts if (name, seed, p.index) not in store.records]

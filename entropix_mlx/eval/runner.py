@@ -138,6 +138,25 @@ class ResultStore:
             (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
+def default_sampler_factory(tokenizer, config: EvalConfig) -> Callable:
+    """`make_sampler(name)` with the model's card, metrics off for baselines."""
+    from ..sampler_registry import make_sampler
+
+    return lambda name: make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
+
+
+def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], runs, progress=None):
+    """The result store for these items (resumed when `out_dir` holds one for the
+    same identity), the number of answers the run needs and how many are done."""
+    store = ResultStore(out_dir, identity)
+    store.check_items(items, prompts)
+    total = len(runs) * len(items)
+    done = sum((name, seed, item.index) in store.records for name, seed in runs for item in items)
+    if progress:
+        progress(done, total, "resuming" if done else "starting")
+    return store, total, done
+
+
 def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=None,
              make_sampler: Callable | None = None, progress=None,
              on_record: Callable[[dict], None] | None = None) -> dict:
@@ -148,12 +167,8 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
     from ..prompt import encode_chat
-    from ..sampler_registry import make_sampler as default_factory
 
-    if make_sampler is None:
-        def make_sampler(name):
-            return default_factory(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
-
+    make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
     prompt_of = {t.index: p for t, p in zip(tasks, prompts)}
     runs = config.runs()
@@ -166,13 +181,8 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
     }
     if config.cot:      # only when on: directories written before --cot existed still resume
         identity["cot"] = True
-    store = ResultStore(out_dir, identity)
-    store.check_items(tasks, prompts)
+    store, total, done = open_store(out_dir, identity, tasks, prompts, runs, progress)
     prefix = common_prefix(prompts)
-    total = len(runs) * len(tasks)
-    done = sum((name, seed, t.index) in store.records for name, seed in runs for t in tasks)
-    if progress:
-        progress(done, total, "resuming" if done else "starting")
 
     for name, seed in runs:
         todo = [t for t in tasks if (name, seed, t.index) not in store.records]
