@@ -50,7 +50,7 @@ from .cache import (KVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_
                     visible_key_mask)
 from .errors import ConfigError, ContextOverflowError
 from .generate import prefill
-from .samplers import Sampler, Step
+from .samplers import Choice, Sampler, Step, choose_together
 
 
 @dataclass
@@ -147,15 +147,22 @@ class _Row:
         self.result.strategies.append(strategy)
         self.result.metrics.append(metrics or {})
 
-    def step(self, eos: set, model, row_cache) -> int | None:
-        """One decision. Returns the token to feed next; None when the row has
-        finished or has advanced itself (then `own_cache` is set)."""
+    def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:
+        """The step and key of this row's next sampler decision; None while
+        tokens of an earlier decision are still queued."""
+        if self.queue:
+            return None
+        # The key chain of `generate`: one split per sampler decision.
+        self.key, step_key = mx.random.split(self.key)
+        return Step(self.logits, self.scores, self.result.tokens, model, row_cache), step_key
+
+    def step(self, eos: set, choice: Choice | None) -> int | None:
+        """Take `choice` (None: feed the queue). Returns the token to feed next;
+        None when the row has finished or has advanced itself (then `own_cache`
+        is set)."""
         res, limit = self.result, self.request.max_tokens
         self.spawn, self.eos = [], eos
-        if not self.queue:
-            # The key chain of `generate`: one split per sampler decision.
-            self.key, step_key = mx.random.split(self.key)
-            choice = self.sampler.choose(Step(self.logits, self.scores, res.tokens, model, row_cache), step_key)
+        if choice is not None:
             res.thinking_insertions += bool(getattr(choice, "inserted", False))
             tokens = choice.tokens[: limit - len(res.tokens)]
             ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
@@ -218,9 +225,17 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         pads = cache[0].left_padding.tolist()
         length = cache[0].keys_and_values()[0].shape[2]
     tokens, keep, rejoin, done, spawned, sources = [], [], [], [], [], []
+    row_caches = [_RowCache(cache, i, pads[i], length, context) if cache is not None else None
+                  for i in range(len(group.rows))]
+    # Every row's decision in one host sync (samplers.choose_together).
+    deciding = [(i, d) for i, row in enumerate(group.rows)
+                if (d := row.decision(model, row_caches[i])) is not None]
+    made = choose_together([group.rows[i].sampler for i, _ in deciding],
+                           [d[0] for _, d in deciding], [d[1] for _, d in deciding])
+    choices = dict(zip((i for i, _ in deciding), made))
     for i, row in enumerate(group.rows):
-        row_cache = _RowCache(cache, i, pads[i], length, context) if cache is not None else None
-        token = row.step(eos, model, row_cache)
+        row_cache = row_caches[i]
+        token = row.step(eos, choices.get(i))
         if token is not None:
             tokens.append(token)
             keep.append(i)

@@ -64,7 +64,7 @@ import mlx.core as mx
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .cache import SharedPrefixCache
-from .samplers import LOGIT_NOTES, Choice, Step, sanitize_logits
+from .samplers import LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
 
 NATS_TO_BITS = LOG2E
 # How many distinct tokens per step can carry a score bias (repetitions and
@@ -189,7 +189,7 @@ def _clip(x, lo, hi):
     return mx.minimum(mx.maximum(x, lo), hi)
 
 
-class EntropixSampler:
+class EntropixSampler(TwoPhaseSampler):
     name = "entropix"
 
     def __init__(self, config: SamplerConfig | None = None, tokenizer=None, source: str = "preset reference"):
@@ -317,10 +317,11 @@ class EntropixSampler:
 
     # -- the decision -------------------------------------------------------------
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def finish(self, step: Step, plan: dict) -> Choice:
+        """The decision from the evaluated `plan` (batch.py evaluates every
+        row's plan at once): the strategy table, the candidate scores, and any
+        rollout or insertion."""
         c = self.config
-        plan = self.plan(step, key)
-        mx.eval(plan)                          # the step's one host sync
         metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist()))
         strategy = decide(metrics["entropy"], metrics["varentropy"], c, plan["margin"].item())
         param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist()))

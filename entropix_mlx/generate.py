@@ -16,6 +16,12 @@ from .errors import ConfigError
 from .samplers import Sampler, Step
 
 PREFILL_CHUNK = 2048
+# Prompts up to this many tokens run in one pass. Each pass reads every weight
+# once (0.54 GB at float32 for the bundled model), so for a short prompt the
+# split below (the body, then the last token alone) costs a second pass: on
+# the CPU backend that doubled the prefill time of an eval item or a chat turn.
+# Up to this length the pending last-row scores hold at most ~18 MB of queries.
+SINGLE_PASS_TOKENS = 256
 
 
 @dataclass
@@ -54,12 +60,16 @@ class Summary:
 def prefill(model, tokens: list[int], cache):
     """Run the prompt through the model; returns the last position's (logits, scores).
 
-    As in mlx-lm: every token but the last only fills the cache, in chunks so
-    peak memory stays bounded (only the cache is evaluated; MLX is lazy, so
-    those positions' logits and attention scores are never computed), then the
-    last token runs alone for the logits and scores. In one pass, the pending
-    last-row scores would hold every layer's full query block until the end.
+    A short prompt runs in one pass (logits of the last position only). A
+    longer one goes as in mlx-lm: every token but the last only fills the
+    cache, in chunks so peak memory stays bounded (only the cache is evaluated;
+    MLX is lazy, so those positions' logits and attention scores are never
+    computed), then the last token runs alone for the logits and scores. In one
+    pass, the pending last-row scores would hold every layer's full query block
+    until the end.
     """
+    if len(tokens) <= SINGLE_PASS_TOKENS:
+        return model(mx.array([tokens]), cache, last_only=True)
     for start in range(0, len(tokens) - 1, PREFILL_CHUNK):
         chunk = tokens[start:min(start + PREFILL_CHUNK, len(tokens) - 1)]
         model(mx.array([chunk]), cache, last_only=True)

@@ -39,12 +39,48 @@ class Choice:
 
 
 class Sampler(Protocol):
+    """`choose` is all a sampler needs. A sampler may also split it in two, so
+    that batch.py evaluates every row's decision graph in one host sync rather
+    than one per row: `plan(step, key)` builds the decision's lazy arrays and
+    `finish(step, plan)` turns them, evaluated, into a `Choice` (it may still
+    run the model, as Entropix's branch rollouts do). Then `choose` must equal
+    `finish(step, eval(plan(step, key)))`."""
+
     name: str
 
     def reset(self) -> None:
         """Forget per-answer state (e.g. how many thinking tokens were inserted)."""
 
     def choose(self, step: Step, key: mx.array) -> Choice: ...
+
+
+class TwoPhaseSampler:
+    """Base of the samplers that plan and finish (see `Sampler`): `choose` is
+    the two phases with one host sync between them."""
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        plan = self.plan(step, key)
+        mx.eval(plan)   # the step's one host sync
+        return self.finish(step, plan)
+
+
+def plans_in_two_phases(sampler) -> bool:
+    """True when `choose` is exactly plan-then-finish. A subclass that
+    overrides `choose`, or a wrapper that forwards unknown attributes (the
+    server's Recorder), keeps its own `choose`."""
+    owner = next((k for k in type(sampler).__mro__ if "choose" in vars(k)), None)
+    return owner is TwoPhaseSampler
+
+
+def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> list[Choice]:
+    """Every row's decision, with one host sync for all the two-phase samplers
+    (see `Sampler`); each row's own graph, key and state, so each choice equals
+    what `choose` alone gives."""
+    two_phase = [plans_in_two_phases(s) for s in samplers]
+    plans = [s.plan(step, key) if tp else None for s, step, key, tp in zip(samplers, steps, keys, two_phase)]
+    mx.eval([p for p in plans if p is not None])
+    return [s.finish(step, plan) if tp else s.choose(step, key)
+            for s, step, key, plan, tp in zip(samplers, steps, keys, plans, two_phase)]
 
 
 def filtered_logprobs(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
@@ -97,20 +133,26 @@ def _baseline_metrics(logits: mx.array, step: Step, enabled: bool) -> dict:
     return step_metrics(logits, step.scores) if enabled else {}
 
 
-def _finish(token: mx.array, logprob: mx.array, metrics: dict, code: mx.array) -> tuple[int, float, dict, str]:
+def _plan(token: mx.array, logprob: mx.array, metrics: dict, code: mx.array) -> dict:
     from .metrics import METRIC_NAMES
 
     stacked = mx.stack([metrics[n] for n in METRIC_NAMES]) if metrics else None
-    mx.eval(token, logprob, stacked, code)
-    metrics = dict(zip(METRIC_NAMES, stacked.tolist())) if metrics else {}
-    return token.item(), logprob.item(), metrics, LOGIT_NOTES[code.item()]
+    return {"token": token, "logprob": logprob, "metrics": stacked, "code": code}
 
 
-class GreedySampler:
+def _finish(plan: dict) -> tuple[int, float, dict, str]:
+    from .metrics import METRIC_NAMES
+
+    metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist())) if plan["metrics"] is not None else {}
+    return plan["token"].item(), plan["logprob"].item(), metrics, LOGIT_NOTES[plan["code"].item()]
+
+
+class GreedySampler(TwoPhaseSampler):
     """The most likely token. `metrics=False` skips the six Entropix metrics
     (to time the bare engine)."""
 
     name = "greedy"
+    GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
 
     def __init__(self, metrics: bool = True):
         self.metrics = metrics
@@ -118,16 +160,17 @@ class GreedySampler:
     def reset(self):
         pass
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def plan(self, step: Step, key: mx.array) -> dict:
         logits, code = sanitize_logits(step.logits)
         token = mx.argmax(logits)
-        token, logprob, metrics, note = _finish(
-            token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
-        return Choice([token], "argmax", [logprob], metrics,
-                      params={"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}, note=note)
+        return _plan(token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
+
+    def finish(self, step: Step, plan: dict) -> Choice:
+        token, logprob, metrics, note = _finish(plan)
+        return Choice([token], "argmax", [logprob], metrics, params=dict(self.GREEDY_PARAMS), note=note)
 
 
-class TemperatureSampler:
+class TemperatureSampler(TwoPhaseSampler):
     """Plain sampling at a fixed temperature, with optional top-k / top-p / min-p."""
 
     name = "temperature"
@@ -141,16 +184,20 @@ class TemperatureSampler:
     def reset(self):
         pass
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def plan(self, step: Step, key: mx.array) -> dict:
         p = self.params
         if p["temperature"] == 0:
-            return GreedySampler(self.metrics).choose(step, key)
+            return GreedySampler(self.metrics).plan(step, key)
         logits, code = sanitize_logits(step.logits)
         logprobs = filtered_logprobs(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
         token = mx.random.categorical(logprobs, key=key)
-        token, logprob, metrics, note = _finish(
-            token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
-        return Choice([token], "sample", [logprob], metrics, params=dict(p), note=note)
+        return _plan(token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
+
+    def finish(self, step: Step, plan: dict) -> Choice:
+        if self.params["temperature"] == 0:
+            return GreedySampler(self.metrics).finish(step, plan)
+        token, logprob, metrics, note = _finish(plan)
+        return Choice([token], "sample", [logprob], metrics, params=dict(self.params), note=note)
 
 
 class MinPSampler(TemperatureSampler):

@@ -216,3 +216,40 @@ def test_real_model_greedy_rows_equal_unbatched_runs(smollm):
     for i, p in enumerate(prompts):
         assert out[i].tokens == unbatched(model, tokenizer, p, GreedySampler(metrics=False), 6, 0)
     assert "Paris" in tokenizer.decode(out[0].tokens) and "six" in tokenizer.decode(out[1].tokens)
+
+
+def test_every_rows_decision_takes_one_host_sync_and_equals_its_own_choose(tiny_tokenizer, monkeypatch):
+    """choose_together: the two-phase samplers (greedy, sampling, Entropix) of
+    all rows are evaluated in one mx.eval, and each row's choice is what its
+    own `choose` gives with the same key; a sampler that overrides `choose`
+    keeps it."""
+    import mlx.core as mx
+
+    from entropix_mlx.cache import make_cache
+    from entropix_mlx.generate import prefill
+    from entropix_mlx.samplers import MinPSampler, Step, choose_together
+
+    model = make_model()
+    steps = []
+    for p in prompts_of(tiny_tokenizer, TEXTS[:4]):
+        logits, scores = prefill(model, p, make_cache(model))
+        steps.append(Step(logits[0, -1], [s[0] for s in scores], [], None, None))
+    keys = [mx.random.key(i) for i in range(4)]
+
+    def samplers():
+        return [GreedySampler(), TemperatureSampler(1.0, metrics=False), MinPSampler(), EntropixSampler()]
+
+    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys)]
+    evals = []
+    real_eval = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: evals.append(a) or real_eval(*a))
+    together = choose_together(samplers(), steps, keys)
+    assert len(evals) == 1      # none of these steps branched, so no rollout needed a sync of its own
+    for a, b in zip(alone, together):
+        assert (a.tokens, a.strategy, a.logprobs, a.params) == (b.tokens, b.strategy, b.logprobs, b.params)
+        assert a.metrics == pytest.approx(b.metrics)
+
+    evals.clear()
+    stops = StopsEarly()
+    choice = choose_together([stops], [Step(steps[0].logits, [], [1, 2, 8])], [keys[0]])[0]
+    assert choice.strategy == "stop"
