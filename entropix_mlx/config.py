@@ -21,6 +21,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
+BRANCH_SELECTS = ("logprob", "confidence")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,18 @@ class SamplerConfig:
     # penalty over the path).
     branch_candidates: int = 3
     branch_rollout_tokens: int = 2
+    # How branch picks its candidates and its path:
+    #   "logprob"    (the reference) candidates drawn at the branch temperature,
+    #                the path with the best score above wins;
+    #   "confidence" the branch_candidates most likely tokens (by score), and the
+    #                path whose greedy continuation the model is surest of wins:
+    #                the mean top-1 minus top-2 probability over the rollout after
+    #                the candidate (CoT-decoding's answer confidence, Wang & Zhou
+    #                2024), paths with fewer repetition units first. The most
+    #                likely candidate keeps its place unless another beats it by
+    #                more than branch_keep_margin.
+    branch_select: str = "logprob"
+    branch_keep_margin: float = 0.0
 
     # Think: the text inserted when the model hesitates (from the model card),
     # at most max_thinking_insertions times per answer, never twice in a row.
@@ -182,6 +195,10 @@ def validate(c: SamplerConfig) -> None:
         bad("branch_candidates", "must be >= 1")
     if c.branch_rollout_tokens < 1:
         bad("branch_rollout_tokens", "must be >= 1")
+    if c.branch_select not in BRANCH_SELECTS:
+        bad("branch_select", f"must be one of: {', '.join(BRANCH_SELECTS)}")
+    if c.branch_keep_margin < 0:
+        bad("branch_keep_margin", "must be >= 0 (a probability margin)")
     if not isinstance(c.thinking_text, str) or not c.thinking_text:
         bad("thinking_text", "must be a non-empty string")
     if c.max_thinking_insertions < 0:

@@ -248,13 +248,14 @@ class EntropixSampler(TwoPhaseSampler):
         if self._compiled is None:
             self._compiled = mx.compile(self._logits_plan)
         bias_ids, bias_vals = self.bias(step.tokens)
-        metrics, params, idx, tokens, logprobs, kept, think_lp, note, margin = self._compiled(
+        metrics, params, idx, tokens, logprobs, kept, think_lp, note, margin, top_ids, top_lps = self._compiled(
             step.logits, attention, key, bias_ids, bias_vals)
         c = self.config
         sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
                  "resample": 1, "adaptive": c.adaptive_samples}
         out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {},
-               "thinking_logprob": think_lp, "note": note, "margin": margin}
+               "thinking_logprob": think_lp, "note": note, "margin": margin,
+               "top_ids": top_ids, "top_logprobs": top_lps}
         start = 0
         for s, n in sizes.items():
             out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
@@ -313,7 +314,9 @@ class EntropixSampler(TwoPhaseSampler):
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
         # bits between the best-scored token and the second (inf when only one is possible)
         margin = (vals[0] - vals[1]) * NATS_TO_BITS if vals.shape[0] > 1 else mx.array(mx.inf)
-        return metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note, margin
+        top = min(c.branch_candidates, pool)   # the most likely by score, for branch_select "confidence"
+        return (metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note, margin,
+                ids[:top], logprobs[ids[:top]])
 
     # -- the decision -------------------------------------------------------------
 
@@ -347,8 +350,12 @@ class EntropixSampler(TwoPhaseSampler):
             else:
                 out, lps, params = tokens["think"], logprobs["think"], params_of("think")
         elif strategy == "branch":
-            kept = plan["kept"]["branch"].tolist()
-            cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept) if k]
+            if c.branch_select == "confidence":   # the most likely tokens, not drawn ones
+                top = min(c.branch_candidates, plan["top_ids"].shape[0])
+                cands = list(zip(plan["top_ids"][:top].tolist(), plan["top_logprobs"][:top].tolist()))
+            else:
+                kept = plan["kept"]["branch"].tolist()
+                cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept) if k]
             params = params_of("branch")
             if step.model is not None and step.cache is not None and len(cands) > 1:
                 out, lps, advanced = self._branch(step, cands)
@@ -396,8 +403,7 @@ class EntropixSampler(TwoPhaseSampler):
 
     def _branch(self, step: Step, cands: list[tuple[int, float]]):
         """Roll every candidate out greedily, all rows in one batch over the
-        step's cache (shared, not copied); accept the path with the best score
-        (total log-probability minus the repetition penalty, `path_score`).
+        step's cache (shared, not copied); accept the best path (`_best_path`).
 
         The rollout's last forward pass runs for the winner only, on the step's
         own cache (after the winner's earlier rollout keys are appended to it):
@@ -406,22 +412,53 @@ class EntropixSampler(TwoPhaseSampler):
         n, depth = len(cands), self.config.branch_rollout_tokens
         path = [mx.array([t for t, _ in cands])]
         path_lps = [mx.array([lp for _, lp in cands])]               # nats, (n,) per position
+        margins = []                                                 # top-1 - top-2 probability, (n,) per position
         rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
         for _ in range(depth - 1):
             logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
             nxt = mx.argmax(lp, axis=-1)
+            top2 = mx.exp(mx.topk(lp, 2, axis=-1))
+            margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
         path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
-        mx.eval(path, path_lps)
+        margins = mx.stack(margins, axis=1) if margins else mx.zeros((n, 0))
+        mx.eval(path, path_lps, margins)
         paths, lps = path.tolist(), path_lps.tolist()
-        path_scores = [self.path_score(p, lp, step.tokens) for p, lp in zip(paths, lps)]
-        best = max(range(n), key=lambda i: path_scores[i])
+        best = self._best_path(paths, lps, margins.tolist(), step.tokens)
         for layer, shared in zip(step.cache, rollout):
             layer.update_and_fetch(*shared.row(best))
         del rollout  # it references the prefix: appending to the cache while it lives would copy it
         logits, scores = step.model(path[best:best + 1, -1:], step.cache)
         mx.eval(logits, scores)
         return paths[best], lps[best], (step.cache, logits[:, -1:, :], scores)
+
+    def _best_path(self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]],
+                   history: list[int]) -> int:
+        """The index of the path to accept. "logprob": the best `path_score`.
+        "confidence": the fewest repetition units, then the highest mean
+        top-1 - top-2 margin after the candidate (up to and including an end
+        of turn: what follows it is never said); the first path (the most
+        likely candidate) gets branch_keep_margin on top."""
+        c = self.config
+        if c.branch_select == "logprob":
+            return max(range(len(paths)), key=lambda i: self.path_score(paths[i], lps[i], history))
+
+        def confidence(i):
+            path, ms = paths[i], margins[i]
+            end = next((j for j, t in enumerate(path) if t in self.eos_tokens), len(path) - 1)
+            if end == 0 and path[0] in self.eos_tokens:
+                return math.exp(lps[i][0])   # ending here: nothing follows, its own probability is its certainty
+            seen = ms[:end]
+            return sum(seen) / len(seen) if seen else 0.0
+
+        def repeats(i):
+            if not c.repetition_penalty:
+                return 0
+            end = next((j + 1 for j, t in enumerate(paths[i]) if t in self.eos_tokens), len(paths[i]))
+            return path_repeats(history, paths[i][:end], c.repetition_ngram)
+
+        return max(range(len(paths)),
+                   key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0)))

@@ -201,3 +201,75 @@ def test_decide_with_a_margin():
     assert decide(4.0, 6.0, c, margin=3.0) == "argmax"
     assert decide(4.0, 6.0, c, margin=2.9) == "branch"
     assert decide(4.0, 6.0, SamplerConfig(), margin=50.0) == "branch"     # off by default
+
+
+# -- branch by confidence (the answer-critical choice looks ahead) --------------------------------
+
+
+def margins_along(model, prompt, path):
+    """top-1 minus top-2 probability at each position after the first token of path."""
+    out = []
+    for j in range(1, len(path)):
+        logits, _ = model(mx.array([prompt + path[:j]]))
+        p = mx.softmax(logits[0, -1].astype(mx.float32))
+        top2 = mx.sort(p)[-2:].tolist()
+        out.append(top2[1] - top2[0])
+    return out
+
+
+def test_confidence_branch_takes_the_most_likely_tokens_and_the_surest_continuation():
+    """branch_select="confidence": the candidates are the most likely tokens
+    (whatever the key), each continued greedily, and the accepted path is the
+    one whose continuation has the highest mean top-1 - top-2 margin; the most
+    likely candidate keeps its place unless beaten by more than branch_keep_margin."""
+    model = smooth_model()
+    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=4, branch_select="confidence",
+                           repetition_penalty=0.0, **ALWAYS_BRANCH)
+    overtaken = 0
+    for prompt in ([1, 40, 50, 60], [1, 72, 105], [1, 9, 33, 200], [1, 150, 4]):
+        logits, _ = model(mx.array([prompt]))
+        firsts = mx.argsort(-logits[0, -1])[:3].tolist()
+        paths = [greedy_path(model, prompt, f, 4) for f in firsts]
+        confidence = [np.mean(margins_along(model, prompt, p)) for p in paths]
+        surest = paths[int(np.argmax(confidence))]
+        for seed in (0, 1):
+            choice = EntropixSampler(config).choose(_branch_step(model, prompt, []), mx.random.key(seed))
+            assert choice.strategy == "branch" and choice.tokens == surest
+            assert choice.logprobs == pytest.approx(path_logprobs(model, prompt, surest), abs=1e-4)
+        if surest == paths[0]:
+            continue
+        overtaken += 1
+        lead = max(confidence) - confidence[0]
+        for keep, expected in ((lead + 0.01, paths[0]), (lead / 2, surest)):
+            sampler = EntropixSampler(config.replace(branch_keep_margin=keep))
+            assert sampler.choose(_branch_step(model, prompt, []), mx.random.key(0)).tokens == expected
+    assert overtaken >= 1      # the margin rule was really exercised
+
+
+def test_confidence_ranks_repeating_paths_last_and_stops_at_the_end_of_turn():
+    sampler = EntropixSampler(SamplerConfig(branch_select="confidence", repetition_penalty=2.0,
+                                            repetition_ngram=3))
+    sampler.eos_tokens = [EOS]
+    history = [7, 8, 9, 7, 8]
+    paths = [[9, 7, 8], [5, 6, 11], [12, 13, 14]]     # the first repeats "7 8 9" and "8 9 7"
+    margins = [[0.99, 0.99], [0.6, 0.6], [0.5, 0.5]]
+    lps = [[-1.0] * 3] * 3
+    assert sampler._best_path(paths, lps, margins, history) == 1
+    # Margins after an end of turn are never said, so they never count: path 2 ends at once
+    # with a sure end (0.9), path 1's continuation is less sure.
+    paths = [[5, 6, 11], [12, EOS, 14]]
+    assert sampler._best_path(paths, lps[:2], [[0.6, 0.6], [0.9, 0.0]], []) == 1
+    assert sampler._best_path(paths, lps[:2], [[0.6, 0.6], [0.5, 1.0]], []) == 0
+    # Ending as the candidate: its own probability is its certainty.
+    paths = [[5, 6, 11], [EOS, 3, 3]]
+    assert sampler._best_path(paths, [[-1.0] * 3, [math.log(0.8), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 1
+    assert sampler._best_path(paths, [[-1.0] * 3, [math.log(0.3), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 0
+
+
+def test_branch_select_is_validated():
+    from entropix_mlx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="branch_select"):
+        SamplerConfig(branch_select="vote")
+    with pytest.raises(ConfigError, match="branch_keep_margin"):
+        SamplerConfig(branch_keep_margin=-0.1)
