@@ -30,6 +30,10 @@ def calibrate(
                        "(about an hour on a busy 2-core CPU).")] = False,
     limit: Annotated[int | None, typer.Option(
         "--limit", min=1, help="With --tune: only the first N dev items (a quick check).")] = None,
+    keep_thresholds: Annotated[bool, typer.Option(
+        "--keep-thresholds", help="With --tune: tune on the card's thresholds as they are, without "
+                                  "measuring them again (a re-measure may move them, and with them "
+                                  "the figures of earlier trials).")] = False,
     weights: WeightsOpt = default_weights(),
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
@@ -38,9 +42,17 @@ def calibrate(
     from entropix_mlx.cards import card_path
     from entropix_mlx.loading import load, resolve
 
+    if keep_thresholds and not tune:
+        raise ConfigError("--keep-thresholds only applies with --tune; add --tune or leave it out")
     check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()   # so that Ctrl-C works from the first prompt on (see cli/run.py)
+    if keep_thresholds:
+        path = out or card_path(source.name)
+        if not path.is_file():
+            raise ConfigError(f"--keep-thresholds needs an existing card, and {path} does not exist; "
+                              "run `entropix-mlx calibrate` first")
+        return tune_card(llm, tokenizer, source.name, path, limit)
 
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
@@ -63,24 +75,28 @@ def calibrate(
         print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
     print(f"wrote {path}")
     if tune:
-        from entropix_mlx.calibrate import tune as run_tuning
+        tune_card(llm, tokenizer, source.name, path, limit)
 
-        def tuning_progress(name):
-            print(f"tuning: {name}", file=sys.stderr, flush=True)
 
-        try:
-            chosen, trials, greedy, _ = run_tuning(llm, tokenizer, source.name, path, limit=limit,
-                                                   progress=tuning_progress)
-        except KeyboardInterrupt as interrupt:
-            print(f"\ninterrupted: {path} has the new thresholds, its tuning is unchanged", file=sys.stderr)
-            raise typer.Exit(exit_code(interrupt))
-        print(f"greedy: dev accuracy {greedy['accuracy']:.3f}")
-        for t in trials:
-            o = t["open"]
-            print(f"  {t['name']:36} dev accuracy {t['accuracy']:.3f}  W/L/T {t['wins']}/{t['losses']}/{t['ties']}"
-                  f"  p {t['p']:.3f}  repeated-4-gram {o['repeated_4gram_share']:.3f}  loops {o['loops']}"
-                  f"  mean logprob {o['mean_logprob']:.3f}")
-        print(f"chose {chosen['name']!r}; wrote {path}")
+def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None):
+    """Tune the card's strategy settings on the dev split and print every trial."""
+    from entropix_mlx.calibrate import tune as run_tuning
+
+    def tuning_progress(trial):
+        print(f"tuning: {trial}", file=sys.stderr, flush=True)
+
+    try:
+        chosen, trials, greedy, _ = run_tuning(llm, tokenizer, name, path, limit=limit, progress=tuning_progress)
+    except KeyboardInterrupt as interrupt:
+        print(f"\ninterrupted: the tuning in {path} is unchanged", file=sys.stderr)
+        raise typer.Exit(exit_code(interrupt))
+    print(f"greedy: dev accuracy {greedy['accuracy']:.3f}")
+    for t in trials:
+        o = t["open"]
+        print(f"  {t['name']:36} dev accuracy {t['accuracy']:.3f}  W/L/T {t['wins']}/{t['losses']}/{t['ties']}"
+              f"  p {t['p']:.3f}  repeated-4-gram {o['repeated_4gram_share']:.3f}  loops {o['loops']}"
+              f"  mean logprob {o['mean_logprob']:.3f}")
+    print(f"chose {chosen['name']!r}; wrote {path}")
 
 
 def check_writable(path: Path):

@@ -319,12 +319,28 @@ def tune(model, tokenizer, model_name: str, path, candidates=None, limit: int | 
         trials.append(row)
     chosen = choose(trials, greedy, min_p)
     settings = {f: getattr(thresholds_only.replace(**chosen["overrides"]), f) for f in TUNED_FIELDS}
+    earlier = earlier_trials(path, {t["name"] for t in trials})
     write_card(path, tuned_card_text(path.read_text(), settings,
-                                     tuning_table(chosen, trials, greedy, min_p, len(tasks))))
+                                     tuning_table(chosen, trials, greedy, min_p, len(tasks), earlier)))
     return chosen, trials, greedy, min_p
 
 
-def tuning_table(chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_items: int) -> str:
+def earlier_trials(path, names: set) -> list[dict]:
+    """The card's trials from earlier tuning runs that this run did not repeat,
+    each with the date of its run: kept for the record, never chosen from
+    (they were measured on the code of their day)."""
+    import tomllib
+
+    tuning = tomllib.loads(Path(path).read_text()).get("tuning", {})
+    out = []
+    for t in tuning.get("earlier", []) + [{"date": tuning.get("date", ""), **t} for t in tuning.get("trials", [])]:
+        if t.get("name") not in names and t.get("name") not in {e["name"] for e in out}:
+            out.append(t)
+    return out
+
+
+def tuning_table(chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_items: int,
+                 earlier: list[dict] = ()) -> str:
     lines = ["# How [sampler]'s strategy settings were chosen (`entropix-mlx calibrate --tune`): every",
              "# setting tried, its dev-split accuracy (built-in tasks, 32 tokens, seed 0) against greedy,",
              "# and its open text on the calibration prompts (64 tokens, seeds 0-1). Rule: the best dev",
@@ -345,6 +361,12 @@ def tuning_table(chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_
                   f"wins_losses_ties = {_toml_value([t['wins'], t['losses'], t['ties']])}",
                   f"p = {t['p']!r}",
                   "open = " + _inline(t["open"])]
+    if earlier:
+        lines += ["", "# Trials of earlier tuning runs, not repeated in this one: measured on the code of",
+                  "# their date, kept for the record, not chosen from."]
+    for t in earlier:
+        lines += ["", "[[tuning.earlier]]"] + [f"{k} = {_inline(v) if isinstance(v, dict) else _toml_value(v)}"
+                                                for k, v in t.items()]
     return "\n".join(lines)
 
 

@@ -184,10 +184,17 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
     config = load_toml(path)
     expected = SamplerConfig().replace(**chosen["overrides"])
     assert config.argmax_margin == expected.argmax_margin and config.strategies == expected.strategies
-    # Tuning again replaces the [tuning] table instead of adding a second one.
+    # Tuning again replaces the [tuning] table instead of adding a second one; the
+    # trials it did not repeat stay on record as earlier ones, with their date.
     cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=2)
     data = tomllib.loads(path.read_text())
     assert [t["name"] for t in data["tuning"]["trials"]] == ["card"] and data["sampler"]["argmax_margin"] == 0.0
+    assert [t["name"] for t in data["tuning"]["earlier"]] == ["margin"]
+    assert data["tuning"]["earlier"][0]["accuracy"] == trials[1]["accuracy"]
+    assert data["tuning"]["earlier"][0]["date"] == data["tuning"]["date"]
+    cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[1:], limit=2)
+    data = tomllib.loads(path.read_text())
+    assert [t["name"] for t in data["tuning"]["earlier"]] == ["card"]     # "margin" ran again: a trial now
 
 
 def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
@@ -205,3 +212,26 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     printed = capsys.readouterr().out
     assert "no-think" in printed and "chose " in printed
     assert [t["name"] for t in tomllib.loads(out.read_text())["tuning"]["trials"]] == ["card", "no-think"]
+
+    # --keep-thresholds: the card's thresholds stay as they are (here: edited by hand).
+    text = out.read_text().replace("high_entropy = ", "high_entropy = 99.0 #", 1)
+    out.write_text(text)
+    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}),))
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--out", str(out), "--tune", "--keep-thresholds", "--limit", "2"])
+    assert e.value.code == 0
+    data = tomllib.loads(out.read_text())
+    assert data["sampler"]["high_entropy"] == 99.0 and data["sampler"]["argmax_margin"] == 2.0
+    assert [t["name"] for t in data["tuning"]["trials"]] == ["margin-2"]
+    assert {t["name"] for t in data["tuning"]["earlier"]} == {"card", "no-think"}
+
+
+def test_keep_thresholds_needs_tune_and_a_card(tmp_path, capsys):
+    from entropix_mlx.cli.app import main
+
+    for args in (["--keep-thresholds"], ["--tune", "--keep-thresholds"]):
+        with pytest.raises(SystemExit) as e:
+            main(["calibrate", "--out", str(tmp_path / "none.toml"), *args])
+        assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--keep-thresholds only applies with --tune" in err and "does not exist" in err
