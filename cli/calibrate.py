@@ -34,6 +34,9 @@ def calibrate(
         "--keep-thresholds", help="With --tune: tune on the card's thresholds as they are, without "
                                   "measuring them again (a re-measure may move them, and with them "
                                   "the figures of earlier trials).")] = False,
+    only: Annotated[str | None, typer.Option(
+        "--only", help="With --tune: only the candidates whose name contains this text; the card's "
+                       "other trials stay on record as earlier ones.")] = None,
     weights: WeightsOpt = default_weights(),
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
@@ -42,8 +45,9 @@ def calibrate(
     from entropix_mlx.cards import card_path
     from entropix_mlx.loading import load, resolve
 
-    if keep_thresholds and not tune:
-        raise ConfigError("--keep-thresholds only applies with --tune; add --tune or leave it out")
+    if (keep_thresholds or only is not None) and not tune:
+        raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
+    candidates = tune_candidates(only)
     check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()   # so that Ctrl-C works from the first prompt on (see cli/run.py)
@@ -52,7 +56,7 @@ def calibrate(
         if not path.is_file():
             raise ConfigError(f"--keep-thresholds needs an existing card, and {path} does not exist; "
                               "run `entropix-mlx calibrate` first")
-        return tune_card(llm, tokenizer, source.name, path, limit)
+        return tune_card(llm, tokenizer, source.name, path, limit, candidates)
 
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
@@ -75,10 +79,22 @@ def calibrate(
         print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
     print(f"wrote {path}")
     if tune:
-        tune_card(llm, tokenizer, source.name, path, limit)
+        tune_card(llm, tokenizer, source.name, path, limit, candidates)
 
 
-def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None):
+def tune_candidates(only: str | None):
+    from entropix_mlx.calibrate import TUNE_CANDIDATES
+
+    if only is None:
+        return TUNE_CANDIDATES
+    chosen = tuple(c for c in TUNE_CANDIDATES if only in c[0])
+    if not chosen:
+        raise ConfigError(f"no tuning candidate's name contains {only!r}; the names are: "
+                          + "; ".join(name for name, _ in TUNE_CANDIDATES))
+    return chosen
+
+
+def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None, candidates):
     """Tune the card's strategy settings on the dev split and print every trial."""
     from entropix_mlx.calibrate import tune as run_tuning
 
@@ -86,7 +102,8 @@ def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None):
         print(f"tuning: {trial}", file=sys.stderr, flush=True)
 
     try:
-        chosen, trials, greedy, _ = run_tuning(llm, tokenizer, name, path, limit=limit, progress=tuning_progress)
+        chosen, trials, greedy, _ = run_tuning(llm, tokenizer, name, path, candidates, limit=limit,
+                                               progress=tuning_progress)
     except KeyboardInterrupt as interrupt:
         print(f"\ninterrupted: the tuning in {path} is unchanged", file=sys.stderr)
         raise typer.Exit(exit_code(interrupt))

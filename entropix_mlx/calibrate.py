@@ -211,6 +211,8 @@ def calibrate(model, tokenizer, model_name: str, out=None, prompts=PROMPTS, max_
 # same settings. Kept small on purpose: every setting tried is reported.
 NO_THINK = ["argmax", "branch", "resample", "adaptive"]
 NO_THINK_NO_RESAMPLE = ["argmax", "branch", "adaptive"]
+CONFIDENCE_BRANCH = {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 1.0, "branch_select": "confidence",
+                     "high_varentropy": 6.3016, "high_entropy": 20.0}
 TUNE_CANDIDATES = (
     ("card", {}),                                   # the calibrated card: thinking text " ...", no margin rule
     ("no-think", {"strategies": NO_THINK}),         # thinking text: none
@@ -218,6 +220,11 @@ TUNE_CANDIDATES = (
     ("no-think, no-resample, margin-3", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 3.0}),
     ("no-think, no-resample, margin-1", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 1.0}),
     ("no-think, no-resample, margin-0.5", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 0.5}),
+    # Branch by confidence (issue 10, second round): branch takes every uncertain state
+    # below think's (high_varentropy down to the bundled card's low_varentropy, no entropy
+    # ceiling), its candidates the 3 likeliest tokens, each rolled out greedily.
+    *((f"confidence-{n}, keep-{keep}", {**CONFIDENCE_BRANCH, "branch_rollout_tokens": n, "branch_keep_margin": keep})
+      for n, keep in ((8, 0.1), (16, 0.1), (16, 0.0), (32, 0.1))),
 )
 TUNE_SPLIT = "dev"
 TUNE_ANSWER_TOKENS = 32
@@ -225,7 +232,7 @@ TUNE_OPEN_TOKENS = 64
 TUNE_OPEN_SEEDS = (0, 1)
 TUNED_FIELDS = ("strategies", "argmax_margin", "thinking_text", "max_thinking_insertions", "repetition_penalty",
                 "repetition_ngram", "adaptive_samples", "adaptive_max_temperature", "branch_candidates",
-                "branch_rollout_tokens")
+                "branch_rollout_tokens", "branch_select", "branch_keep_margin", "high_entropy", "high_varentropy")
 
 
 def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):

@@ -216,9 +216,9 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     # --keep-thresholds: the card's thresholds stay as they are (here: edited by hand).
     text = out.read_text().replace("high_entropy = ", "high_entropy = 99.0 #", 1)
     out.write_text(text)
-    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}),))
+    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}), ("margin-3", {})))
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", "--out", str(out), "--tune", "--keep-thresholds", "--limit", "2"])
+        main(["calibrate", "--out", str(out), "--tune", "--keep-thresholds", "--only", "-2", "--limit", "2"])
     assert e.value.code == 0
     data = tomllib.loads(out.read_text())
     assert data["sampler"]["high_entropy"] == 99.0 and data["sampler"]["argmax_margin"] == 2.0
@@ -234,4 +234,7 @@ def test_keep_thresholds_needs_tune_and_a_card(tmp_path, capsys):
             main(["calibrate", "--out", str(tmp_path / "none.toml"), *args])
         assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--keep-thresholds only applies with --tune" in err and "does not exist" in err
+    assert "apply with --tune only" in err and "does not exist" in err
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--out", str(tmp_path / "none.toml"), "--tune", "--only", "no such trial"])
+    assert e.value.code == 2 and "no tuning candidate's name contains 'no such trial'" in capsys.readouterr().err
