@@ -225,6 +225,10 @@ TUNE_CANDIDATES = (
     # ceiling), its candidates the 3 likeliest tokens, each rolled out greedily.
     *((f"confidence-{n}, keep-{keep}", {**CONFIDENCE_BRANCH, "branch_rollout_tokens": n, "branch_keep_margin": keep})
       for n, keep in ((8, 0.1), (16, 0.1), (16, 0.0), (32, 0.1))),
+    # ... and the states think would take (think is off) too, instead of adaptive: on dev,
+    # adaptive's draws in the middle of an answer were where confidence-16 still lost items.
+    ("confidence-16, keep-0.1, think states too", {**CONFIDENCE_BRANCH, "branch_rollout_tokens": 16,
+                                                   "branch_keep_margin": 0.1, "think_varentropy": 0.0}),
 )
 TUNE_SPLIT = "dev"
 TUNE_ANSWER_TOKENS = 32
@@ -232,7 +236,7 @@ TUNE_OPEN_TOKENS = 64
 TUNE_OPEN_SEEDS = (0, 1)
 TUNED_FIELDS = ("strategies", "argmax_margin", "thinking_text", "max_thinking_insertions", "repetition_penalty",
                 "repetition_ngram", "adaptive_samples", "adaptive_max_temperature", "branch_candidates",
-                "branch_rollout_tokens", "branch_select", "branch_keep_margin", "high_entropy", "high_varentropy")
+                "branch_rollout_tokens", "branch_select", "branch_keep_margin", "high_entropy", "high_varentropy", "think_varentropy")
 
 
 def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):

@@ -362,7 +362,12 @@ def test_calibrated_card_spreads_the_strategies(smollm):
     _, tokenizer = smollm
     card = make_sampler("entropix", tokenizer, "smollm2-135m")
     assert "smollm2-135m.toml" in card.config_source
-    sampler = make_sampler("entropix", tokenizer, config=card.config.replace(strategies=STRATEGIES, argmax_margin=0.0))
+    # The thresholds as calibrated (README's table), before `calibrate --tune` moved three of
+    # them to send uncertain states to the confidence branch; the reference branch.
+    calibrated = card.config.replace(strategies=STRATEGIES, argmax_margin=0.0, high_entropy=5.1704,
+                                     high_varentropy=12.6547, think_varentropy=9.0225,
+                                     branch_select="logprob", branch_rollout_tokens=2)
+    sampler = make_sampler("entropix", tokenizer, config=calibrated)
     counts = {}
     prompts = ["Write a short poem about the sea.", "What is 12 times 7?",
                "Give me three ideas for a birthday party.", "Why do cats purr?"]
