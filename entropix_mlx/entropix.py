@@ -105,6 +105,17 @@ def repeat_counts(history: list[int], n: int) -> Counter:
     return counts
 
 
+def first_repeat(history: list[int], path: list[int], n: int) -> int:
+    """The index of the first token of `path` that has repetition units after
+    history + the path before it; len(path) when none has."""
+    seq = list(history)
+    for i, t in enumerate(path):
+        if repeat_counts(seq, n).get(t, 0):
+            return i
+        seq.append(t)
+    return len(path)
+
+
 def path_repeats(history: list[int], path: list[int], n: int) -> int:
     """Repetition units a path of tokens adds: the sum over its tokens of their
     `repeat_counts` units after history + the path before them."""
@@ -428,12 +439,19 @@ class EntropixSampler(TwoPhaseSampler):
         mx.eval(path, path_lps, margins)
         paths, lps = path.tolist(), path_lps.tolist()
         best = self._best_path(paths, lps, margins.tolist(), step.tokens)
-        for layer, shared in zip(step.cache, rollout):
-            layer.update_and_fetch(*shared.row(best))
+        # The rollout continued greedily, unscored: accept it only up to its first token
+        # with repetition units (at least its first token), so a looping continuation is
+        # never handed out whole; the next step decides there, with the score.
+        keep = depth
+        if self.config.repetition_penalty:
+            keep = max(1, first_repeat(step.tokens, paths[best], self.config.repetition_ngram))
+        for layer, shared in zip(step.cache, rollout if keep > 1 else ()):
+            keys, values = shared.row(best)
+            layer.update_and_fetch(keys[..., :keep - 1, :], values[..., :keep - 1, :])
         del rollout  # it references the prefix: appending to the cache while it lives would copy it
-        logits, scores = step.model(path[best:best + 1, -1:], step.cache)
+        logits, scores = step.model(path[best:best + 1, keep - 1:keep], step.cache)
         mx.eval(logits, scores)
-        return paths[best], lps[best], (step.cache, logits[:, -1:, :], scores)
+        return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
 
     def _best_path(self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]],
                    history: list[int]) -> int:

@@ -273,3 +273,32 @@ def test_branch_select_is_validated():
         SamplerConfig(branch_select="vote")
     with pytest.raises(ConfigError, match="branch_keep_margin"):
         SamplerConfig(branch_keep_margin=-0.1)
+
+
+def test_a_branch_hands_out_its_path_only_up_to_its_first_repetition(tiny_tokenizer):
+    """The rollout continues greedily, unscored: a path that starts to repeat the
+    answer (or itself) is cut before the token that repeats, and the state handed
+    back is the one after the kept tokens (the next logits equal a fresh forward)."""
+    from entropix_mlx.entropix import first_repeat
+
+    assert first_repeat([5, 6, 7], [5, 6, 7, 8], 3) == 2          # "5 6 7" again at its third token
+    assert first_repeat([], [1, 2, 3, 1, 2, 3], 3) == 5
+    assert first_repeat([1, 2], [3, 4], 3) == 2
+
+    model = smooth_model()
+    prompt = [1, 72, 105]
+    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=12, branch_select="confidence",
+                           repetition_penalty=2.0, **ALWAYS_BRANCH)
+    greedy = [e.token for e in generate(model, tiny_tokenizer, prompt, GreedySampler(), max_tokens=48)]
+    assert repeated_ngram_share(greedy) > 0.5           # this prompt loops under greedy
+    history, cut = [], 0
+    for _ in range(6):
+        s = _branch_step(model, prompt, history)
+        choice = EntropixSampler(config).choose(s, mx.random.key(0))
+        assert path_repeats(history, choice.tokens, 3) == 0
+        cut += len(choice.tokens) < 12
+        cache, logits, _ = choice.advanced       # the step's cache held the prompt only
+        fresh, _ = model(mx.array([prompt + choice.tokens]))
+        assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
+        history += choice.tokens
+    assert cut >= 1                                       # some path was really cut
