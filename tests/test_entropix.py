@@ -346,9 +346,15 @@ def test_seed_reproduces_and_different_seeds_differ(smollm):
     prompt = "Tell me a story about a cat."
     a, _ = _answer(smollm, prompt, seed=1)
     b, _ = _answer(smollm, prompt, seed=1)
-    c, _ = _answer(smollm, prompt, seed=2)
     assert a == b
-    assert a != c
+    # The tuned card samples almost never (branch by confidence is deterministic), so the
+    # seed's effect is checked with the reference preset, which samples at most steps.
+    reference = lambda: make_sampler("entropix", smollm[1], config="reference")   # noqa: E731
+    c, _ = _answer(smollm, prompt, seed=1, sampler=reference())
+    d, _ = _answer(smollm, prompt, seed=1, sampler=reference())
+    e, _ = _answer(smollm, prompt, seed=2, sampler=reference())
+    assert c == d
+    assert c != e
 
 
 @pytest.mark.slow
