@@ -211,9 +211,22 @@ BAD = [
 ]
 
 
+def idle_health(base, seconds=60.0):
+    """/health once no request of an earlier test is still running or queued
+    (a stopped stream's row ends at the next step, which may take a while)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        health = get(base, "/health")[1]
+        if (not health["busy"] and not health["waiting"]) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("body,status,param", BAD, ids=[str(b[2]) for b in BAD])
 def test_bad_requests_get_an_openai_error_and_run_nothing(server, body, status, param):
-    before = get(server[1], "/health")[1]
+    before = idle_health(server[1])
     got, r = post(server[1], "/v1/chat/completions", body)
     assert got == status
     assert set(r["error"]) == {"message", "type", "param", "code"} and r["error"]["param"] == param
