@@ -236,7 +236,8 @@ TUNE_OPEN_TOKENS = 64
 TUNE_OPEN_SEEDS = (0, 1)
 TUNED_FIELDS = ("strategies", "argmax_margin", "thinking_text", "max_thinking_insertions", "repetition_penalty",
                 "repetition_ngram", "adaptive_samples", "adaptive_max_temperature", "branch_candidates",
-                "branch_rollout_tokens", "branch_select", "branch_keep_margin", "high_entropy", "high_varentropy", "think_varentropy")
+                "branch_rollout_tokens", "branch_select", "branch_keep_margin",
+                "high_entropy", "high_varentropy", "think_varentropy")
 
 
 def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):

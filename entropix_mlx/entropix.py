@@ -105,26 +105,24 @@ def repeat_counts(history: list[int], n: int) -> Counter:
     return counts
 
 
+def _units_along(history: list[int], path: list[int], n: int):
+    """Each token's repetition units (`repeat_counts`) after history + the path before it."""
+    seq = list(history)
+    for t in path:
+        yield repeat_counts(seq, n).get(t, 0)
+        seq.append(t)
+
+
 def first_repeat(history: list[int], path: list[int], n: int) -> int:
     """The index of the first token of `path` that has repetition units after
     history + the path before it; len(path) when none has."""
-    seq = list(history)
-    for i, t in enumerate(path):
-        if repeat_counts(seq, n).get(t, 0):
-            return i
-        seq.append(t)
-    return len(path)
+    return next((i for i, units in enumerate(_units_along(history, path, n)) if units), len(path))
 
 
 def path_repeats(history: list[int], path: list[int], n: int) -> int:
     """Repetition units a path of tokens adds: the sum over its tokens of their
     `repeat_counts` units after history + the path before them."""
-    seq = list(history)
-    total = 0
-    for t in path:
-        total += repeat_counts(seq, n).get(t, 0)
-        seq.append(t)
-    return total
+    return sum(_units_along(history, path, n))
 
 
 def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 0.0) -> str:
@@ -362,8 +360,7 @@ class EntropixSampler(TwoPhaseSampler):
                 out, lps, params = tokens["think"], logprobs["think"], params_of("think")
         elif strategy == "branch":
             if c.branch_select == "confidence":   # the most likely tokens, not drawn ones
-                top = min(c.branch_candidates, plan["top_ids"].shape[0])
-                cands = list(zip(plan["top_ids"][:top].tolist(), plan["top_logprobs"][:top].tolist()))
+                cands = list(zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist()))
             else:
                 kept = plan["kept"]["branch"].tolist()
                 cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept) if k]
@@ -430,8 +427,9 @@ class EntropixSampler(TwoPhaseSampler):
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
             nxt = mx.argmax(lp, axis=-1)
-            top2 = mx.exp(mx.topk(lp, 2, axis=-1))
-            margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
+            if self.config.branch_select == "confidence":
+                top2 = mx.exp(mx.topk(lp, 2, axis=-1))
+                margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
         path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
@@ -464,19 +462,19 @@ class EntropixSampler(TwoPhaseSampler):
         if c.branch_select == "logprob":
             return max(range(len(paths)), key=lambda i: self.path_score(paths[i], lps[i], history))
 
+        # where each path ends its turn (its last token when it does not)
+        ends = [next((j for j, t in enumerate(p) if t in self.eos_tokens), len(p) - 1) for p in paths]
+
         def confidence(i):
-            path, ms = paths[i], margins[i]
-            end = next((j for j, t in enumerate(path) if t in self.eos_tokens), len(path) - 1)
-            if end == 0 and path[0] in self.eos_tokens:
+            if ends[i] == 0 and paths[i][0] in self.eos_tokens:
                 return math.exp(lps[i][0])   # ending here: nothing follows, its own probability is its certainty
-            seen = ms[:end]
+            seen = margins[i][:ends[i]]
             return sum(seen) / len(seen) if seen else 0.0
 
         def repeats(i):
             if not c.repetition_penalty:
                 return 0
-            end = next((j + 1 for j, t in enumerate(paths[i]) if t in self.eos_tokens), len(paths[i]))
-            return path_repeats(history, paths[i][:end], c.repetition_ngram)
+            return path_repeats(history, paths[i][:ends[i] + 1], c.repetition_ngram)
 
         return max(range(len(paths)),
                    key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0)))
