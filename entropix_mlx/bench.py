@@ -10,7 +10,10 @@ Three variants generate the same number of tokens from the same prompt:
 
 All three are timed the same way, from outside, on the tokens they stream:
 prefill tokens/s = prompt tokens / time to the first generated token; decode
-tokens/s = generated tokens / time, counted between consecutive tokens. Every
+tokens/s = the tokens after the first / the time they took, every one of them
+counted. (A sampler that looks ahead hands out several tokens after one long
+wait: its decode rate is the whole time over all those tokens, wherever the
+wait falls.) Every
 run generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set
 is emptied for the bench (the same switch for both engines), so neither stops
 early.
@@ -19,8 +22,9 @@ The three runs take turns, `CHUNK_TOKENS` tokens at a time, in an order that
 rotates every round, so load from other processes hits all three alike (on a
 shared machine it changes within seconds). At each switch the work a run left
 in flight (both engines start the next forward pass before handing out a
-token) finishes outside any timing, and the interval to a run's first token
-after a switch is not counted, so every counted interval is a steady-state step.
+token) finishes before the next run starts, and is counted in the turn that
+started it; the next turn's clock starts after it. So every step of every run
+is timed exactly once, and no run's work lands in another's time.
 
 Peak memory is the run's own weights and KV cache plus the peak of what it
 allocated while it ran: both models and all three caches are alive at once
@@ -132,12 +136,16 @@ class Run:
                 break
             stamps.append(time.perf_counter())
         peak = mx.get_peak_memory()
-        synchronize()   # work left in flight finishes outside the timing
+        synchronize()   # the work left in flight (the next token's) finishes inside this turn's time
+        end = time.perf_counter()
         if stamps:
-            if self.first_token_s is None:
+            if self.first_token_s is None:   # the run's first token: prefill and first decision
                 self.first_token_s = stamps[0] - start
-            self.decode_s += stamps[-1] - stamps[0]
-            self.decode_steps += len(stamps) - 1
+                self.decode_s += end - stamps[0]
+                self.decode_steps += len(stamps) - 1
+            else:
+                self.decode_s += end - start
+                self.decode_steps += len(stamps)
             self.generated += len(stamps)
         self.peak_bytes = max(self.peak_bytes, own + peak - active)
 

@@ -96,8 +96,31 @@ def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
     turns = [log[i] for i in range(0, len(log), bench.CHUNK_TOKENS)]
     assert turns[:3] == ["a", "b", "c"] and turns[3:] == ["b", "c", "a"]   # round 2 starts one later
     assert [runs[n].generated for n in "abc"] == [2 * bench.CHUNK_TOKENS, 2 * bench.CHUNK_TOKENS, bench.CHUNK_TOKENS + 3]
-    # Intervals are counted within a turn only: one fewer than the tokens of each turn.
-    assert [runs[n].decode_steps for n in "abc"] == [2 * (bench.CHUNK_TOKENS - 1)] * 2 + [bench.CHUNK_TOKENS + 1]
+    # Every token after a run's first is a counted step, whichever turn it falls in.
+    assert [runs[n].decode_steps for n in "abc"] == [2 * bench.CHUNK_TOKENS - 1] * 2 + [bench.CHUNK_TOKENS + 2]
+
+
+def test_a_long_wait_at_the_start_of_a_turn_is_counted(monkeypatch):
+    """A look-ahead sampler hands out a burst of tokens after one long wait. Wherever
+    that wait falls (here: on the first token of a turn), the decode time includes it."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench, "synchronize", lambda: None)
+    n = 2 * bench.CHUNK_TOKENS
+
+    def tokens():
+        for i in range(n):
+            # 1 s for the run's first token (prefill), 10 s for the first of the second
+            # turn (a rollout), then a burst of 1 s tokens
+            clock[0] += 1.0 if i != bench.CHUNK_TOKENS else 10.0
+            yield i
+
+    run = bench.Run(tokens(), 4, 0, list)
+    bench.run_to_end(run)
+    result = run.result()
+    assert run.first_token_s == 1.0 and run.decode_steps == n - 1
+    assert run.decode_s == (n - 2) * 1.0 + 10.0
+    assert result.decode_tps == (n - 1) / ((n - 2) + 10.0)
 
 
 def test_bench_prompt_has_exactly_the_requested_length(tiny_tokenizer):
