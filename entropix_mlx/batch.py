@@ -168,7 +168,15 @@ class _Row:
             ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
             if choice.advanced is None and len(tokens) == 1:
                 self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
-            if choice.advanced is not None and not ends:
+            if ends:   # the row's last tokens: recorded now, none of them needs a forward pass
+                for token, logprob in zip(tokens, choice.logprobs):
+                    if token in eos:
+                        res.finish_reason = "eos"
+                        return None
+                    self._record(token, logprob, choice.strategy, choice.metrics)
+                res.finish_reason = "length"
+                return None
+            if choice.advanced is not None:
                 for token, logprob in zip(tokens, choice.logprobs):
                     self._record(token, logprob, choice.strategy, choice.metrics)
                 cache, logits, scores = choice.advanced

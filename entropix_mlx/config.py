@@ -22,6 +22,7 @@ from .errors import ConfigError
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
 BRANCH_SELECTS = ("logprob", "confidence")
+BRANCH_ROLLOUTS = ("greedy", "scored")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ class SamplerConfig:
     #                more than branch_keep_margin.
     branch_select: str = "logprob"
     branch_keep_margin: float = 0.0
+    # How a rollout continues after its candidate:
+    #   "greedy" (the reference) the most likely token of the model;
+    #   "scored" the best-scored token (log-probability minus the repetition
+    #            penalty), the rule argmax steps follow: a path that would start
+    #            to copy the answer moves on instead of being cut there.
+    branch_rollout: str = "greedy"
 
     # Think: the text inserted when the model hesitates (from the model card),
     # at most max_thinking_insertions times per answer, never twice in a row.
@@ -197,6 +204,8 @@ def validate(c: SamplerConfig) -> None:
         bad("branch_rollout_tokens", "must be >= 1")
     if c.branch_select not in BRANCH_SELECTS:
         bad("branch_select", f"must be one of: {', '.join(BRANCH_SELECTS)}")
+    if c.branch_rollout not in BRANCH_ROLLOUTS:
+        bad("branch_rollout", f"must be one of: {', '.join(BRANCH_ROLLOUTS)}")
     if c.branch_keep_margin < 0:
         bad("branch_keep_margin", "must be >= 0 (a probability margin)")
     if not isinstance(c.thinking_text, str) or not c.thinking_text:

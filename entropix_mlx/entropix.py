@@ -229,11 +229,7 @@ class EntropixSampler(TwoPhaseSampler):
         (ids, values). Repeated n-grams cost repetition_penalty bits per earlier
         occurrence; right after a thinking insertion the end-of-turn tokens are
         banned (-inf)."""
-        c = self.config
-        values: dict[int, float] = {}
-        if c.repetition_penalty > 0:
-            counts = repeat_counts(history, c.repetition_ngram).most_common(BIAS_SLOTS)
-            values = {t: -c.repetition_penalty * k / NATS_TO_BITS for t, k in counts}
+        values = self.repetition_bias(history)
         if self._just_inserted:
             for t in self.eos_tokens:
                 values[t] = -math.inf
@@ -241,6 +237,15 @@ class EntropixSampler(TwoPhaseSampler):
         ids = [t for t, _ in items] + [0] * (BIAS_SLOTS - len(items))
         vals = [v for _, v in items] + [0.0] * (BIAS_SLOTS - len(items))
         return mx.array(ids, dtype=mx.int32), mx.array(vals, dtype=mx.float32)
+
+    def repetition_bias(self, history: list[int]) -> dict[int, float]:
+        """{token: the score's repetition bias in nats} after `history`, for the
+        BIAS_SLOTS most repeated tokens."""
+        c = self.config
+        if c.repetition_penalty <= 0:
+            return {}
+        counts = repeat_counts(history, c.repetition_ngram).most_common(BIAS_SLOTS)
+        return {t: -c.repetition_penalty * k / NATS_TO_BITS for t, k in counts}
 
     def plan(self, step: Step, key: mx.array) -> dict:
         """Metrics, every strategy's parameters and candidates, as lazy arrays.
@@ -416,23 +421,38 @@ class EntropixSampler(TwoPhaseSampler):
         The rollout's last forward pass runs for the winner only, on the step's
         own cache (after the winner's earlier rollout keys are appended to it):
         the losers' last pass would be thrown away, and on a CPU a batch of n
-        rows costs nearly n single passes."""
+        rows costs nearly n single passes. With branch_select "confidence" the
+        rollout stops once every row has ended its turn (nothing after an end of
+        turn is scored), and an accepted path that ends the turn needs no state
+        after it."""
         n, depth = len(cands), self.config.branch_rollout_tokens
+        confidence = self.config.branch_select == "confidence"
+        scored = self.config.branch_rollout == "scored" and self.config.repetition_penalty > 0
+        eos = set(self.eos_tokens)
+        ended = [t in eos for t, _ in cands]
+        said = [list(step.tokens) + [t] for t, _ in cands]            # each row's answer so far (scored rollouts)
         path = [mx.array([t for t, _ in cands])]
         path_lps = [mx.array([lp for _, lp in cands])]               # nats, (n,) per position
         margins = []                                                 # top-1 - top-2 probability, (n,) per position
         rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
         for _ in range(depth - 1):
+            if confidence and eos and all(ended):
+                break
             logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-            nxt = mx.argmax(lp, axis=-1)
-            if self.config.branch_select == "confidence":
+            nxt = mx.argmax(lp + self._rows_bias(said, lp.shape[-1]) if scored else lp, axis=-1)
+            if confidence:
                 top2 = mx.exp(mx.topk(lp, 2, axis=-1))
                 margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
-        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, depth)
+            if scored or (confidence and eos):   # one host sync per rollout step
+                chosen = nxt.tolist()
+                ended = [e or t in eos for e, t in zip(ended, chosen)]
+                for row, t in zip(said, chosen):
+                    row.append(t)
+        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, steps + 1)
         margins = mx.stack(margins, axis=1) if margins else mx.zeros((n, 0))
         mx.eval(path, path_lps, margins)
         paths, lps = path.tolist(), path_lps.tolist()
@@ -440,9 +460,12 @@ class EntropixSampler(TwoPhaseSampler):
         # The rollout continued greedily, unscored: accept it only up to its first token
         # with repetition units (at least its first token), so a looping continuation is
         # never handed out whole; the next step decides there, with the score.
-        keep = depth
+        keep = len(paths[best])
         if self.config.repetition_penalty:
             keep = max(1, first_repeat(step.tokens, paths[best], self.config.repetition_ngram))
+        end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
+        if end is not None:   # the turn ends here: no state after it is needed
+            return paths[best][:end + 1], lps[best][:end + 1], None
         for layer, shared in zip(step.cache, rollout if keep > 1 else ()):
             keys, values = shared.row(best)
             layer.update_and_fetch(keys[..., :keep - 1, :], values[..., :keep - 1, :])
@@ -450,6 +473,15 @@ class EntropixSampler(TwoPhaseSampler):
         logits, scores = step.model(path[best:best + 1, keep - 1:keep], step.cache)
         mx.eval(logits, scores)
         return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
+
+    def _rows_bias(self, histories: list[list[int]], vocab: int) -> mx.array:
+        """(rows, vocab): each row's repetition bias (nats) after its own history."""
+        bias = mx.zeros((len(histories), vocab), dtype=mx.float32)
+        for i, history in enumerate(histories):
+            values = self.repetition_bias(history)
+            if values:
+                bias[i, mx.array(list(values), dtype=mx.int32)] = mx.array(list(values.values()), dtype=mx.float32)
+        return bias
 
     def _best_path(self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]],
                    history: list[int]) -> int:

@@ -169,6 +169,35 @@ def test_multi_token_choices_are_fed_one_per_step(tiny_tokenizer):
         assert tokens == unbatched(model, tiny_tokenizer, p, SaysThreeTokens(), 10, 0)
 
 
+class EndsAfterTwo(GreedySampler):
+    """Its first decision is a whole rest of the answer: two tokens and the end of turn."""
+
+    def choose(self, step, key):
+        return Choice([70, 71, EOS, 73], "branch", [-0.1, -0.2, -0.3, -0.4])
+
+
+class CountsCalls:
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __call__(self, inputs, *args, **kwargs):
+        self.calls.append(inputs.shape)
+        return self.model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_choice_that_ends_the_answer_finishes_the_row_without_feeding_it(tiny_tokenizer):
+    model = CountsCalls(make_model())
+    prompts = prompts_of(tiny_tokenizer, TEXTS[:2])
+    out = batched(model, tiny_tokenizer, [Request(p, 0, 10) for p in prompts], EndsAfterTwo, 2)
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == [70, 71] and out[i].logprobs == [-0.1, -0.2] and out[i].finish_reason == "eos"
+        assert out[i].tokens == unbatched(model.model, tiny_tokenizer, p, EndsAfterTwo(), 10, 0)
+    assert model.calls == [(1, len(p)) for p in prompts]     # the prompts' prefills, nothing else
+
+
 def entropix(tokenizer, **changes):
     return EntropixSampler(SamplerConfig(**changes), tokenizer)
 

@@ -302,3 +302,107 @@ def test_a_branch_hands_out_its_path_only_up_to_its_first_repetition(tiny_tokeni
         assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
         history += choice.tokens
     assert cut >= 1                                       # some path was really cut
+
+
+def counting_model(model, bonus=20.0):
+    """The tiny model with a strong pull towards the token after the current one (t -> t+1),
+    so greedy paths move on instead of repeating one token."""
+    def forward(inputs, cache=None, **kwargs):
+        logits, scores = model(inputs, cache, **kwargs)
+        nxt = (inputs + 1) % V
+        return logits + bonus * (mx.arange(V)[None, None, :] == nxt[:, :, None]), scores
+    forward.args, forward.layers = model.args, model.layers
+    return forward
+
+
+def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
+    """Nothing after an end of turn is scored, so once every row has ended the rollout
+    stops; the choice is the one the full-length rollout makes, cut at its end of turn,
+    with no state handed back (the turn is over)."""
+    model = counting_model(smooth_model())
+    prompt = [1, 40, 50, 60]
+    depth = 8
+    logits, _ = model(mx.array([prompt]))
+    firsts = mx.argsort(-logits[0, -1])[:3].tolist()
+    paths = [greedy_path(model, prompt, f, depth) for f in firsts]
+    assert all(len(set(p)) == depth for p in paths)     # no path repeats a token
+    ends_turn = {p[2] for p in paths} - set(firsts)     # every path ends by its third token
+    assert all(set(p[1:3]) & ends_turn for p in paths)
+    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=depth, branch_select="confidence",
+                           repetition_penalty=0.0, think_varentropy=0.0, **ALWAYS_BRANCH)
+
+    calls = []
+
+    def counting(inputs, cache=None, **kwargs):
+        calls.append(inputs.shape)
+        return model(inputs, cache, **kwargs)
+
+    sampler = EntropixSampler(config)
+    sampler.eos_tokens = sorted(ends_turn)
+    s = _branch_step(model, prompt, [])
+    choice = sampler.choose(Step(s.logits, s.scores, [], counting, s.cache), mx.random.key(0))
+    assert choice.strategy == "branch"
+    assert len(calls) == 2 and all(shape[0] == 3 for shape in calls)   # two rollout steps, no final pass
+    assert choice.advanced is None and choice.tokens[-1] in ends_turn
+
+    # The full-length rollout's choice (every position's margin, by hand), cut at its end.
+    margins = [margins_along(model, prompt, p) for p in paths]
+    lps = [path_logprobs(model, prompt, p) for p in paths]
+    best = sampler._best_path(paths, lps, margins, [])
+    end = next(j for j, t in enumerate(paths[best]) if t in ends_turn)
+    assert choice.tokens == paths[best][:end + 1]
+    assert choice.logprobs == pytest.approx(lps[best][:end + 1], abs=1e-4)
+
+    # Without an end of turn in sight the rollout runs its full length, then the winner's last pass.
+    calls.clear()
+    sampler.eos_tokens = []
+    choice = sampler.choose(Step(s.logits, s.scores, [], counting, make_cache_like(model, prompt)), mx.random.key(0))
+    assert len(calls) == depth and choice.advanced is not None and len(choice.tokens) == depth
+
+
+def make_cache_like(model, prompt):
+    cache = make_cache(model)
+    model(mx.array([prompt]), cache)
+    return cache
+
+
+def scored_path(sampler, model, prompt, history, first, length):
+    """A path continued by the best score (log p + the repetition bias after history + path)."""
+    path = [first]
+    while len(path) < length:
+        logits, _ = model(mx.array([prompt + path]))
+        lp = logits[0, -1] - mx.logsumexp(logits[0, -1])
+        for t, v in sampler.repetition_bias(history + path).items():
+            lp[t] = lp[t] + v
+        path.append(int(mx.argmax(lp).item()))
+    return path
+
+
+def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
+    """branch_rollout="scored": each row continues with its best-scored token (the
+    argmax rule: log p minus the repetition penalty after the answer and the row's
+    own path), not the model's likeliest, so a path that would copy the answer moves
+    on instead of being cut at its first repetition."""
+    model = smooth_model()
+    prompt = [1, 72, 105]
+    depth = 12
+    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=depth, branch_select="confidence",
+                           branch_rollout="scored", repetition_penalty=2.0, think_varentropy=0.0, **ALWAYS_BRANCH)
+    history, differs = [], 0
+    for _ in range(6):
+        sampler = EntropixSampler(config)
+        s = _branch_step(model, prompt, history)
+        choice = sampler.choose(s, mx.random.key(0))
+        # the rows, by hand: the three likeliest (scored) tokens, continued by the score
+        plan = sampler.plan(s, mx.random.key(0))
+        firsts = plan["top_ids"].tolist()
+        paths = [scored_path(sampler, model, prompt, history, f, depth) for f in firsts]
+        differs += sum(p != greedy_path(model, prompt, f, depth) for p, f in zip(paths, firsts))
+        lps = [path_logprobs(model, prompt, p) for p in paths]
+        best = sampler._best_path(paths, lps, [margins_along(model, prompt, p) for p in paths], history)
+        assert choice.strategy == "branch" and choice.tokens == paths[best][:len(choice.tokens)]
+        assert choice.logprobs == pytest.approx(lps[best][:len(choice.tokens)], abs=1e-4)
+        # (the first token is kept even when every candidate repeats; none after it repeats)
+        assert path_repeats(history + choice.tokens[:1], choice.tokens[1:], 3) == 0
+        history += choice.tokens
+    assert differs >= 3      # the score really steered the rows away from the model's likeliest
