@@ -15,15 +15,29 @@ for all rows of a batch); `auto` picks float32 on the CPU device when the
 float32 weights fit `FLOAT32_BUDGET_BYTES`, native otherwise, and always native
 on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
 
+Single rows: MLX calls only `cblas_sgemm`, also for a decode step's
+matrix-vector products, and OpenBLAS 0.3.21 (Debian 12) runs an M=1 GEMM at
+about half the speed of its GEMV. `gemv_shim.c` is a `cblas_sgemm` that sends
+single-row and single-column products to `cblas_sgemv` and everything else to
+OpenBLAS's own; it is compiled once with the system C compiler (which MLX's CPU
+backend already uses for its own kernels), cached, and put in the global scope
+ahead of OpenBLAS. Without a compiler, or if anything fails, plain OpenBLAS runs.
+
 Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
-nothing; `ENTROPIX_WEIGHTS` = the default for `--weights`.
+nothing; `ENTROPIX_GEMV_SHIM=off` = plain OpenBLAS for every product;
+`ENTROPIX_WEIGHTS` = the default for `--weights`.
 """
 
 import ctypes
 import ctypes.util
+import hashlib
 import os
 import platform
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 WEIGHT_FORMATS = ("auto", "native", "float32")
@@ -43,7 +57,10 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/libopenblas.so",
 )
 
-_blas: dict = {"name": None, "path": None, "reason": "not loaded yet"}
+_blas: dict = {"name": None, "path": None, "reason": "not loaded yet", "gemv_shim": None, "gemv_reason": ""}
+
+SHIM_SOURCE = Path(__file__).with_name("gemv_shim.c")
+_OFF = ("none", "off", "0", "false")
 
 
 def load_blas() -> dict:
@@ -58,7 +75,7 @@ def load_blas() -> dict:
         _blas.update(reason="mlx.core was imported before entropix_mlx; its BLAS is already bound")
         return blas_info()
     wanted = os.environ.get("ENTROPIX_BLAS", "").strip()
-    if wanted.lower() in ("none", "off", "0", "false"):
+    if wanted.lower() in _OFF:
         _blas.update(reason="ENTROPIX_BLAS=none")
         return blas_info()
     candidates = [wanted] if wanted else [*OPENBLAS_CANDIDATES, ctypes.util.find_library("openblas")]
@@ -66,26 +83,83 @@ def load_blas() -> dict:
         if not path or (os.sep in path and not Path(path).exists()):
             continue
         try:
-            library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            # Local first: the shim's cblas_sgemm must come before OpenBLAS's in the global scope.
+            library = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
             library.cblas_sgemm   # noqa: B018  (an OpenBLAS without CBLAS would not help)
         except (OSError, AttributeError):
             continue
-        _blas.update(name="OpenBLAS", path=path, reason="")
+        shim, shim_reason = _load_gemv_shim(library)
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # now global: MLX's other BLAS calls resolve to it
+        _blas.update(name="OpenBLAS", path=path, reason="", gemv_shim=shim, gemv_reason=shim_reason)
         return blas_info()
     _blas.update(reason=f"ENTROPIX_BLAS={wanted} could not be loaded" if wanted
                  else "no system OpenBLAS found (Debian/Ubuntu: apt install libopenblas0-pthread)")
     return blas_info()
 
 
+def _build_gemv_shim() -> tuple[str | None, str]:
+    """gemv_shim.c compiled to a shared library, once: cached by its content under
+    ~/.cache/entropix-mlx (else the temp folder). Returns (path, "") or (None, why not)."""
+    source = SHIM_SOURCE.read_bytes()
+    name = f"gemv_shim-{hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]}.so"
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folders = (Path(cache_home) / "entropix-mlx", Path(tempfile.gettempdir()) / f"entropix-mlx-{os.getuid()}")
+    for folder in folders:
+        if (folder / name).exists():
+            return str(folder / name), ""
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not compiler[0]:
+        return None, "no C compiler (cc) to build it"
+    why = "no writable cache folder"
+    for folder in folders:
+        partial = folder / f".{name}.{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SHIM_SOURCE)],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                partial.unlink(missing_ok=True)
+                return None, f"{compiler[0]} could not build it: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+            os.replace(partial, folder / name)   # whole or not at all, also with two processes at once
+            return str(folder / name), ""
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"cannot build it in {folder}: {e}"
+    return None, why
+
+
+def _load_gemv_shim(openblas) -> tuple[str | None, str]:
+    """Build and load the GEMV shim in front of `openblas` (loaded, not yet global).
+    Returns (its path, "") or (None, why plain OpenBLAS runs)."""
+    if os.environ.get("ENTROPIX_GEMV_SHIM", "").strip().lower() in _OFF:
+        return None, "ENTROPIX_GEMV_SHIM=off"
+    try:
+        sgemm, sgemv = openblas.cblas_sgemm, openblas.cblas_sgemv
+    except AttributeError:
+        return None, "this OpenBLAS has no cblas_sgemv"
+    path, why = _build_gemv_shim()
+    if path is None:
+        return None, why
+    try:
+        shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+        if not shim.entropix_gemv_shim_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p)):
+            return None, "the shim did not get OpenBLAS's functions"
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # first in the global scope: MLX's cblas_sgemm is the shim's
+    except (OSError, AttributeError) as e:
+        return None, f"cannot load {path}: {e}"
+    return path, ""
+
+
 def blas_info() -> dict:
-    """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, ""}."""
+    """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, "",
+    "gemv_shim": the shim's path or None, "gemv_reason": why none, ""}."""
     return dict(_blas)
 
 
 def blas_name() -> str:
-    """What MLX's float32 matmul calls: 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
+    """What MLX's float32 matmul calls: 'OpenBLAS + GEMV' (single rows through the
+    shim), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
     if _blas["name"]:
-        return _blas["name"]
+        return _blas["name"] + (" + GEMV" if _blas["gemv_shim"] else "")
     return "Accelerate" if sys.platform == "darwin" else "MLX's BLAS"
 
 

@@ -16,17 +16,74 @@ from entropix_mlx.errors import ConfigError
 from conftest import make_tiny_model
 
 
-def _blas_in_subprocess(env_value: str | None, extra: str = "") -> dict:
-    """blas_info() of a fresh interpreter, with ENTROPIX_BLAS set as given."""
+def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict | None = None,
+                        after: str = "") -> dict:
+    """blas_info() of a fresh interpreter, with ENTROPIX_BLAS set as given; `after`
+    runs once entropix_mlx is imported (its output is not read)."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "ENTROPIX_BLAS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("ENTROPIX_BLAS", "ENTROPIX_GEMV_SHIM")}
     if env_value is not None:
         env["ENTROPIX_BLAS"] = env_value
-    code = extra + "import json, entropix_mlx.backend as b; print(json.dumps(b.blas_info()))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    env.update(env_extra or {})
+    code = extra + "import json, entropix_mlx.backend as b; " + after + "print(json.dumps(b.blas_info()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _openblas_present() -> bool:
+    from pathlib import Path
+
+    return sys.platform == "linux" and any(Path(p).exists() for p in backend.OPENBLAS_CANDIDATES)
+
+
+# Every layout the shim rewrites (one row or one column, either operand stored
+# transposed) and one it passes on, checked against float64 NumPy; a wrong
+# stride or transpose flag in gemv_shim.c gives numbers far off, not rounding.
+_LAYOUT_CHECK = """
+import numpy as np, mlx.core as mx
+rng = np.random.default_rng(0)
+worst = 0.0
+for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11)]:
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for A in (mx.array(a), mx.array(np.ascontiguousarray(a.T)).T):
+        for B in (mx.array(b), mx.array(np.ascontiguousarray(b.T)).T):
+            worst = max(worst, float(np.abs(np.array(A @ B) - a.astype(np.float64) @ b).max()))
+    c = rng.standard_normal((m, n)).astype(np.float32)   # addmm: the beta term goes through the shim too
+    got = np.array(mx.addmm(mx.array(c), mx.array(a), mx.array(b), alpha=0.5, beta=2.0))
+    worst = max(worst, float(np.abs(got - (0.5 * a.astype(np.float64) @ b + 2.0 * c)).max()))
+assert worst < 1e-3, worst
+"""
+
+
+def test_matmuls_are_exact_through_whatever_blas_runs():
+    """In this process (the shim in front of OpenBLAS when both are there)."""
+    exec(_LAYOUT_CHECK, {})
+
+
+@pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
+def test_gemv_shim_is_built_cached_and_exact(tmp_path):
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine")
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    info = _blas_in_subprocess(None, env_extra=env, after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
+    assert info["name"] == "OpenBLAS" and info["gemv_shim"] and info["gemv_reason"] == ""
+    assert info["gemv_shim"].startswith(str(tmp_path / "entropix-mlx"))
+    # The second process finds the cached library and compiles nothing (no compiler needed).
+    again = _blas_in_subprocess(None, env_extra={**env, "CC": "/bin/false"})
+    assert again["gemv_shim"] == info["gemv_shim"]
+
+
+@pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
+@pytest.mark.parametrize("env, reason", [({"ENTROPIX_GEMV_SHIM": "off"}, "ENTROPIX_GEMV_SHIM=off"),
+                                         ({"CC": "/bin/false"}, "could not build it")])
+def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reason):
+    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), **env},
+                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
+    assert info["name"] == "OpenBLAS" and info["gemv_shim"] is None and reason in info["gemv_reason"]
 
 
 def test_blas_none_loads_nothing_and_says_why():
