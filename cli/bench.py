@@ -66,15 +66,17 @@ def print_tables(result: dict):
         console.print(f"mlx_lm: {paths['mlx_lm']}\nentropix: {paths['entropix']}")
     table = Table(title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
                         f"generated, medians of {result['mlx_lm']['runs']} runs")
-    for column in ("", "prefill tok/s", "decode tok/s", "peak GB"):
+    for column in ("", "prefill tok/s", "first token s", "decode tok/s", "peak GB"):
         table.add_column(column, justify="right" if column else "left")
     for name in ("mlx_lm", "entropix_greedy", "entropix"):
         r = result[name]
-        table.add_row(name, f"{r['prefill_tps']:.1f}", f"{r['decode_tps']:.2f}", f"{r['peak_memory_gb']:.3f}")
+        table.add_row(name, f"{r['prefill_tps']:.1f}", f"{r['first_token_s']:.2f}", f"{r['decode_tps']:.2f}",
+                      f"{r['peak_memory_gb']:.3f}")
     ratios = result["ratios"]
     table.add_section()
-    table.add_row("entropix / mlx_lm", f"{ratios['prefill']:.2f}", f"{ratios['decode']:.2f}", f"{ratios['memory']:.2f}")
-    table.add_row("entropix_greedy / mlx_lm", "", f"{ratios['decode_greedy']:.2f}", "")
+    table.add_row("entropix / mlx_lm", f"{ratios['prefill']:.2f}", f"{ratios['first_token']:.2f}× sooner",
+                  f"{ratios['decode']:.2f}", f"{ratios['memory']:.2f}")
+    table.add_row("entropix_greedy / mlx_lm", "", "", f"{ratios['decode_greedy']:.2f}", "")
     console.print(table)
     counts = result["entropix"].get("strategy_counts", {})
     if counts:

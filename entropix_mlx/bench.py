@@ -9,9 +9,13 @@ Three variants generate the same number of tokens from the same prompt:
 - `entropix`: our engine with the full Entropix sampler.
 
 All three are timed the same way, from outside, on the tokens they stream:
-prefill tokens/s = prompt tokens / time to the first generated token; decode
-tokens/s = the tokens after the first / the time they took, every one of them
-counted. (A sampler that looks ahead hands out several tokens after one long
+time to the first token = prefill and the first decision; decode tokens/s =
+the tokens after the first / the time they took, every one of them counted.
+Prefill tokens/s = prompt tokens / the time to the prompt's logits, as each
+engine reports it (mlx-lm's `prompt_tps`, our `Summary.prompt_tps`): for a
+greedy sampler that is nearly the time to the first token, but Entropix's
+first decision may be a look-ahead of many tokens, which is decoding, not
+prompt processing, so it is counted in the time to the first token only. (A sampler that looks ahead hands out several tokens after one long
 wait: its decode rate is the whole time over all those tokens, wherever the
 wait falls.) Every
 run generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set
@@ -65,6 +69,7 @@ PASSAGE = (
 @dataclass
 class RunResult:
     prefill_tps: float
+    first_token_s: float
     decode_tps: float
     peak_memory_gb: float
     prompt_tokens: int
@@ -110,8 +115,10 @@ def cache_bytes(cache) -> int:
 class Run:
     """One variant's token stream, advanced a chunk at a time (see the module doc)."""
 
-    def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, strategy_counts=None):
+    def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, prefill_s, strategy_counts=None):
         self.tokens = iter(tokens)
+        self.prefill_s = prefill_s                  # (the first item streamed) -> the engine's prefill seconds
+        self.prefill_time = None
         self.prompt_tokens, self.weights = prompt_tokens, weights
         self.own_cache = own_cache                  # () -> the run's KV cache, as it is now
         self.strategy_counts = strategy_counts or dict
@@ -130,11 +137,13 @@ class Run:
         stamps = []
         for _ in range(n):
             try:
-                next(self.tokens)
+                item = next(self.tokens)
             except StopIteration:
                 self.done = True
                 break
             stamps.append(time.perf_counter())
+            if self.prefill_time is None:
+                self.prefill_time = self.prefill_s(item)
         peak = mx.get_peak_memory()
         synchronize()   # the work left in flight (the next token's) finishes inside this turn's time
         end = time.perf_counter()
@@ -151,7 +160,8 @@ class Run:
 
     def result(self) -> RunResult:
         return RunResult(
-            prefill_tps=self.prompt_tokens / self.first_token_s if self.first_token_s else 0.0,
+            prefill_tps=self.prompt_tokens / self.prefill_time if self.prefill_time else 0.0,
+            first_token_s=self.first_token_s or 0.0,
             decode_tps=self.decode_steps / self.decode_s if self.decode_s else 0.0,
             peak_memory_gb=self.peak_bytes / 1e9,
             prompt_tokens=self.prompt_tokens,
@@ -167,12 +177,14 @@ def start_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> Run:
     cache = make_prompt_cache(model)
     # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
     stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, prompt_cache=cache)
-    return Run(stream, len(prompt), weights_bytes(model), lambda: cache)
+    return Run(stream, len(prompt), weights_bytes(model), lambda: cache,
+               lambda response: len(prompt) / response.prompt_tps)
 
 
 def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> Run:
     generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
     return Run(generation, len(prompt), weights_bytes(model), lambda: generation.cache,
+               lambda _: len(prompt) / generation.summary().prompt_tps,
                lambda: generation.summary().strategy_counts)
 
 
@@ -241,6 +253,7 @@ def interleaved(runs: dict[str, Run], rounds_start: int = 0) -> None:
 def median_result(results: list[RunResult]) -> dict:
     out = {
         "prefill_tps": statistics.median(r.prefill_tps for r in results),
+        "first_token_s": statistics.median(r.first_token_s for r in results),
         "decode_tps": statistics.median(r.decode_tps for r in results),
         "peak_memory_gb": statistics.median(r.peak_memory_gb for r in results),
         "tokens": min(r.gen_tokens for r in results),   # every run must have made gen_tokens
@@ -255,6 +268,8 @@ def ratios(results: dict) -> dict:
     ref = results["mlx_lm"]
     return {
         "prefill": results["entropix"]["prefill_tps"] / ref["prefill_tps"],
+        # how many times sooner the first token comes (prefill and the first decision)
+        "first_token": ref["first_token_s"] / results["entropix"]["first_token_s"],
         "decode": results["entropix"]["decode_tps"] / ref["decode_tps"],
         "decode_greedy": results["entropix_greedy"]["decode_tps"] / ref["decode_tps"],
         "memory": results["entropix"]["peak_memory_gb"] / ref["peak_memory_gb"],

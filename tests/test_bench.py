@@ -17,7 +17,7 @@ from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
 from entropix_mlx.sampler_registry import make_sampler
 
-FIGURES = ("prefill_tps", "decode_tps", "peak_memory_gb")
+FIGURES = ("prefill_tps", "first_token_s", "decode_tps", "peak_memory_gb")
 
 
 def mlx_lm_twin(model):
@@ -37,13 +37,16 @@ def check_result(result: dict, prompt_tokens: int, gen_tokens: int, runs: int):
             assert variant[figure] > 0, (name, figure)
         assert variant["runs"] == runs
         assert variant["tokens"] == gen_tokens, f"{name} stopped early"
-    assert set(result["ratios"]) == {"prefill", "decode", "decode_greedy", "memory"}
+    assert set(result["ratios"]) == {"prefill", "first_token", "decode", "decode_greedy", "memory"}
     assert all(r > 0 for r in result["ratios"].values())
     # Ratios are entropix-mlx over mlx-lm.
     ref, ours, greedy = result["mlx_lm"], result["entropix"], result["entropix_greedy"]
     assert result["ratios"]["decode"] == pytest.approx(ours["decode_tps"] / ref["decode_tps"])
     assert result["ratios"]["decode_greedy"] == pytest.approx(greedy["decode_tps"] / ref["decode_tps"])
     assert result["ratios"]["prefill"] == pytest.approx(ours["prefill_tps"] / ref["prefill_tps"])
+    assert result["ratios"]["first_token"] == pytest.approx(ref["first_token_s"] / ours["first_token_s"])
+    for name in bench.VARIANTS:   # the first token comes after the prompt's logits, never before
+        assert result[name]["first_token_s"] >= prompt_tokens / result[name]["prefill_tps"] * 0.999, name
     assert result["ratios"]["memory"] == pytest.approx(ours["peak_memory_gb"] / ref["peak_memory_gb"])
     assert sum(result["entropix"]["strategy_counts"].values()) == gen_tokens
 
@@ -90,7 +93,7 @@ def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
             log.append(name)
             yield i
 
-    runs = {name: bench.Run(tokens(name, n), 4, 0, list)
+    runs = {name: bench.Run(tokens(name, n), 4, 0, list, lambda first: 1.0)
             for name, n in (("a", 2 * bench.CHUNK_TOKENS), ("b", 2 * bench.CHUNK_TOKENS), ("c", bench.CHUNK_TOKENS + 3))}
     bench.interleaved(runs)
     turns = [log[i] for i in range(0, len(log), bench.CHUNK_TOKENS)]
@@ -115,10 +118,12 @@ def test_a_long_wait_at_the_start_of_a_turn_is_counted(monkeypatch):
             clock[0] += 1.0 if i != bench.CHUNK_TOKENS else 10.0
             yield i
 
-    run = bench.Run(tokens(), 4, 0, list)
+    run = bench.Run(tokens(), 4, 0, list, lambda first: 0.25)
     bench.run_to_end(run)
     result = run.result()
     assert run.first_token_s == 1.0 and run.decode_steps == n - 1
+    # Prefill is the engine's own prompt time (0.25 s here), not the time to the first token.
+    assert result.prefill_tps == 4 / 0.25 and result.first_token_s == 1.0
     assert run.decode_s == (n - 2) * 1.0 + 10.0
     assert result.decode_tps == (n - 1) / ((n - 2) + 10.0)
 
@@ -147,15 +152,16 @@ def test_profile_times_every_part(tiny_model, tiny_tokenizer):
 
 
 def test_table_shows_every_variant_and_ratio(capsys):
-    variant = {"prefill_tps": 10.0, "decode_tps": 5.0, "peak_memory_gb": 0.12, "tokens": 4, "runs": 1}
+    variant = {"prefill_tps": 10.0, "first_token_s": 0.9, "decode_tps": 5.0, "peak_memory_gb": 0.12, "tokens": 4,
+               "runs": 1}
     result = {"model": "m", "prompt_tokens": 8, "gen_tokens": 4, "mlx_lm": variant, "entropix_greedy": variant,
               "entropix": {**variant, "decode_tps": 4.5, "strategy_counts": {"argmax": 3, "branch": 1}},
-              "ratios": {"prefill": 1.0, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0}}
+              "ratios": {"prefill": 1.0, "first_token": 1.5, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0}}
     from entropix_mlx.cli.bench import print_tables
 
     print_tables(result)
     out = capsys.readouterr().out
-    for text in ("mlx_lm", "entropix_greedy", "entropix / mlx_lm", "0.90", "argmax 3, branch 1"):
+    for text in ("mlx_lm", "entropix_greedy", "entropix / mlx_lm", "0.90", "1.50× sooner", "argmax 3, branch 1"):
         assert text in out
 
 
