@@ -25,7 +25,11 @@ Strategies (stable names, used in JSON and colours):
            with the best score: its total log-probability minus the repetition
            penalty for every n-gram of the path (over answer + path) that
            already occurred, so a loop cannot win on likelihood alone. Without
-           a model it samples one token with the branch parameters.
+           a model it samples one token with the branch parameters. The card's
+           variant (`branch_select = "confidence"`) takes the likeliest tokens
+           and keeps the path the model is surest of; `branch_rollout =
+           "scored"` continues each row by the score instead of the model's
+           likeliest token (see `_branch`).
 - resample (H and V high): sample at a high temperature with a tighter top-p.
 - adaptive (everything else): draw `adaptive_samples` candidates with distinct
            random keys and parameters adapted to the metrics; keep the one
