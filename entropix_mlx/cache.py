@@ -97,6 +97,10 @@ class SharedPrefixCache:
             raise ValueError("rollouts feed one token per row")
         return None
 
+    def keep_row(self, i: int) -> None:
+        """From now on only row i goes on (a branch decided early drops the others)."""
+        self.keys, self.values, self.n = self.keys[i:i + 1], self.values[i:i + 1], 1
+
     def row(self, i: int):
         """The keys and values row i added, to append to the parent."""
         written = self.offset - self.start

@@ -100,6 +100,13 @@ class SamplerConfig:
     #            penalty), the rule argmax steps follow: a path that would start
     #            to copy the answer moves on instead of being cut there.
     branch_rollout: str = "greedy"
+    # The rows are compared over their first branch_decide_tokens tokens (the
+    # candidate and what follows it); then only the winner rolls on, alone, to
+    # branch_rollout_tokens. 0: compared over the whole rollout (the reference).
+    # A branch of n rows costs about n passes per token handed out without it,
+    # 1 + (n - 1) * decide / rollout with it: on a CPU with quantized weights a
+    # row costs a full pass, so this is what keeps a long look-ahead affordable.
+    branch_decide_tokens: int = 0
 
     # Think: the text inserted when the model hesitates (from the model card),
     # at most max_thinking_insertions times per answer, never twice in a row.
@@ -206,6 +213,8 @@ def validate(c: SamplerConfig) -> None:
         bad("branch_select", f"must be one of: {', '.join(BRANCH_SELECTS)}")
     if c.branch_rollout not in BRANCH_ROLLOUTS:
         bad("branch_rollout", f"must be one of: {', '.join(BRANCH_ROLLOUTS)}")
+    if c.branch_decide_tokens < 0:
+        bad("branch_decide_tokens", "must be >= 0 (0: compare over the whole rollout)")
     if c.branch_keep_margin < 0:
         bad("branch_keep_margin", "must be >= 0 (a probability margin)")
     if not isinstance(c.thinking_text, str) or not c.thinking_text:

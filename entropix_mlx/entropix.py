@@ -428,8 +428,10 @@ class EntropixSampler(TwoPhaseSampler):
         rows costs nearly n single passes. With branch_select "confidence" the
         rollout stops once every row has ended its turn (nothing after an end of
         turn is scored), and an accepted path that ends the turn needs no state
-        after it."""
+        after it. With branch_decide_tokens the rows are compared once their
+        paths hold that many tokens, and only the winner rolls on."""
         n, depth = len(cands), self.config.branch_rollout_tokens
+        decide = self.config.branch_decide_tokens or depth
         confidence = self.config.branch_select == "confidence"
         scored = self.config.branch_rollout == "scored" and self.config.repetition_penalty > 0
         eos = set(self.eos_tokens)
@@ -442,6 +444,12 @@ class EntropixSampler(TwoPhaseSampler):
         for _ in range(depth - 1):
             if confidence and eos and all(ended):
                 break
+            if n > 1 and len(path) >= decide:   # decided: the other rows stop here
+                best = self._rank_rows(path, path_lps, margins, step.tokens)[0]
+                path, path_lps, margins = ([a[best:best + 1] for a in arrays] for arrays in (path, path_lps, margins))
+                said, ended, n = [said[best]], [ended[best]], 1
+                for shared in rollout:
+                    shared.keep_row(best)
             logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
@@ -456,11 +464,7 @@ class EntropixSampler(TwoPhaseSampler):
                 ended = [e or t in eos for e, t in zip(ended, chosen)]
                 for row, t in zip(said, chosen):
                     row.append(t)
-        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)   # (n, steps + 1)
-        margins = mx.stack(margins, axis=1) if margins else mx.zeros((n, 0))
-        mx.eval(path, path_lps, margins)
-        paths, lps = path.tolist(), path_lps.tolist()
-        best = self._best_path(paths, lps, margins.tolist(), step.tokens)
+        best, paths, lps, path = self._rank_rows(path, path_lps, margins, step.tokens)
         # The rollout continued greedily, unscored: accept it only up to its first token
         # with repetition units (at least its first token), so a looping continuation is
         # never handed out whole; the next step decides there, with the score.
@@ -477,6 +481,17 @@ class EntropixSampler(TwoPhaseSampler):
         logits, scores = step.model(path[best:best + 1, keep - 1:keep], step.cache)
         mx.eval(logits, scores)
         return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
+
+    def _rank_rows(self, path: list, path_lps: list, margins: list, history: list[int]):
+        """The rollout so far (per position, one (rows,) array each) stacked to
+        (rows, positions) and evaluated: (the row `_best_path` accepts, the paths,
+        their log-probabilities, the paths as one array)."""
+        rows = path[0].shape[0]
+        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)
+        margins = mx.stack(margins, axis=1) if margins else mx.zeros((rows, 0))
+        mx.eval(path, path_lps, margins)
+        paths, lps = path.tolist(), path_lps.tolist()
+        return self._best_path(paths, lps, margins.tolist(), history), paths, lps, path
 
     def _rows_bias(self, histories: list[list[int]], vocab: int) -> mx.array:
         """(rows, vocab): each row's repetition bias (nats) after its own history."""

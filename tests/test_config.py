@@ -19,6 +19,7 @@ from entropix_mlx.sampler_registry import make_sampler
     ("attention_layers", "middle", '"all", "last"'),
     ("adaptive_samples", 0, ">= 1"),
     ("branch_rollout_tokens", 0, ">= 1"),
+    ("branch_decide_tokens", -1, ">= 0"),
     ("thinking_text", "", "non-empty"),
     ("top_k", 2.5, "whole number"),
     ("temperature", "hot", "must be a number"),

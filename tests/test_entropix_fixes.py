@@ -406,3 +406,55 @@ def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
         assert path_repeats(history + choice.tokens[:1], choice.tokens[1:], 3) == 0
         history += choice.tokens
     assert differs >= 3      # the score really steered the rows away from the model's likeliest
+
+
+@pytest.mark.parametrize("rollout", ["greedy", "scored"])
+def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
+    """branch_decide_tokens=k: the rows are compared over their first k tokens (the
+    choice a k-token rollout makes, by hand), then the winner alone rolls on to
+    branch_rollout_tokens, so every forward pass after the decision has one row;
+    the state handed back equals a fresh forward over prompt + path."""
+    model = smooth_model()
+    prompt = [1, 72, 105]
+    depth, k = 10, 3
+    base = dict(branch_candidates=3, branch_select="confidence", branch_rollout=rollout, repetition_penalty=2.0,
+                think_varentropy=0.0, **ALWAYS_BRANCH)
+    calls = []
+
+    def counting(inputs, cache=None, **kwargs):
+        calls.append(inputs.shape[0])
+        return model(inputs, cache, **kwargs)
+
+    history = []
+    for _ in range(4):
+        sampler = EntropixSampler(SamplerConfig(branch_rollout_tokens=depth, branch_decide_tokens=k, **base))
+        s = _branch_step(model, prompt, history)
+        plan = sampler.plan(s, mx.random.key(0))
+        firsts = plan["top_ids"].tolist()
+        follow = (lambda f: scored_path(sampler, model, prompt, history, f, depth)) if rollout == "scored" \
+            else (lambda f: greedy_path(model, prompt, f, depth))
+        paths = [follow(f) for f in firsts]
+        short = [p[:k] for p in paths]
+        best = sampler._best_path(short, [path_logprobs(model, prompt, p) for p in short],
+                                  [margins_along(model, prompt, p) for p in short], history)
+        calls.clear()
+        choice = sampler.choose(Step(s.logits, s.scores, list(history), counting, s.cache), mx.random.key(0))
+        assert choice.strategy == "branch"
+        assert choice.tokens == paths[best][:len(choice.tokens)]
+        assert calls[:k - 1] == [3] * (k - 1) and all(rows == 1 for rows in calls[k - 1:])
+        if len(choice.tokens) == depth:           # not cut at a repetition: the whole rollout, one pass per step
+            assert len(calls) == depth
+        _, logits, _ = choice.advanced
+        fresh, _ = model(mx.array([prompt + choice.tokens]))
+        assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
+        history += choice.tokens
+
+
+def test_deciding_over_the_whole_rollout_is_the_reference():
+    """branch_decide_tokens 0 and = branch_rollout_tokens both compare over the whole rollout."""
+    model = smooth_model()
+    prompt = [1, 40, 50, 60]
+    base = dict(branch_candidates=3, branch_rollout_tokens=6, branch_select="confidence", **ALWAYS_BRANCH)
+    choices = [EntropixSampler(SamplerConfig(branch_decide_tokens=k, **base))
+               .choose(_branch_step(model, prompt, []), mx.random.key(0)).tokens for k in (0, 6, 9)]
+    assert choices[0] == choices[1] == choices[2]
