@@ -429,11 +429,13 @@ class EntropixSampler(TwoPhaseSampler):
         rollout stops once every row has ended its turn (nothing after an end of
         turn is scored), and an accepted path that ends the turn needs no state
         after it. With branch_decide_tokens the rows are compared once their
-        paths hold that many tokens, and only the winner rolls on."""
+        paths hold that many tokens, and only the winner rolls on; alone, it
+        stops at its first repetition unit (nothing after it is handed out)."""
         n, depth = len(cands), self.config.branch_rollout_tokens
         decide = self.config.branch_decide_tokens or depth
         confidence = self.config.branch_select == "confidence"
         scored = self.config.branch_rollout == "scored" and self.config.repetition_penalty > 0
+        synced = scored or (confidence and bool(self.eos_tokens))   # each row's tokens known on the host
         eos = set(self.eos_tokens)
         ended = [t in eos for t, _ in cands]
         said = [list(step.tokens) + [t] for t, _ in cands]            # each row's answer so far (scored rollouts)
@@ -450,6 +452,9 @@ class EntropixSampler(TwoPhaseSampler):
                 said, ended, n = [said[best]], [ended[best]], 1
                 for shared in rollout:
                     shared.keep_row(best)
+            if n == 1 and synced and self.config.repetition_penalty and \
+                    first_repeat(step.tokens, said[0][len(step.tokens):], self.config.repetition_ngram) < len(path):
+                break   # the path is handed out only up to here: rolling on would be thrown away
             logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
@@ -459,7 +464,7 @@ class EntropixSampler(TwoPhaseSampler):
                 margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
-            if scored or (confidence and eos):   # one host sync per rollout step
+            if synced:   # one host sync per rollout step
                 chosen = nxt.tolist()
                 ended = [e or t in eos for e, t in zip(ended, chosen)]
                 for row, t in zip(said, chosen):

@@ -425,8 +425,8 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
         calls.append(inputs.shape[0])
         return model(inputs, cache, **kwargs)
 
-    history = []
-    for _ in range(4):
+    history, cuts = [], 0
+    for _ in range(6):
         sampler = EntropixSampler(SamplerConfig(branch_rollout_tokens=depth, branch_decide_tokens=k, **base))
         s = _branch_step(model, prompt, history)
         plan = sampler.plan(s, mx.random.key(0))
@@ -444,10 +444,14 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
         assert calls[:k - 1] == [3] * (k - 1) and all(rows == 1 for rows in calls[k - 1:])
         if len(choice.tokens) == depth:           # not cut at a repetition: the whole rollout, one pass per step
             assert len(calls) == depth
+        elif rollout == "scored":                 # cut: the winner stopped there (tokens known on the host)
+            assert len(calls) == max(len(choice.tokens) + 1, k)
+            cuts += 1
         _, logits, _ = choice.advanced
         fresh, _ = model(mx.array([prompt + choice.tokens]))
         assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
         history += choice.tokens
+    assert rollout == "greedy" or cuts >= 1   # some winner really stopped early
 
 
 def test_deciding_over_the_whole_rollout_is_the_reference():
