@@ -10,14 +10,14 @@ Three variants generate the same number of tokens from the same prompt:
 
 All three are timed the same way, from outside, on the tokens they stream:
 time to the first token = prefill and the first decision; decode tokens/s =
-the tokens after the first / the time they took, every one of them counted.
+the tokens after the first / the time they took, every one of them counted
+(a sampler that looks ahead hands out several tokens after one long wait: its
+decode rate is the whole time over all those tokens, wherever the wait falls).
 Prefill tokens/s = prompt tokens / the time to the prompt's logits, as each
 engine reports it (mlx-lm's `prompt_tps`, our `Summary.prompt_tps`): for a
 greedy sampler that is nearly the time to the first token, but Entropix's
 first decision may be a look-ahead of many tokens, which is decoding, not
-prompt processing, so it is counted in the time to the first token only. (A sampler that looks ahead hands out several tokens after one long
-wait: its decode rate is the whole time over all those tokens, wherever the
-wait falls.) Every
+prompt processing, so it is counted in the time to the first token only. Every
 run generates exactly `gen_tokens` tokens: the tokenizer's end-of-sequence set
 is emptied for the bench (the same switch for both engines), so neither stops
 early.
@@ -115,10 +115,10 @@ def cache_bytes(cache) -> int:
 class Run:
     """One variant's token stream, advanced a chunk at a time (see the module doc)."""
 
-    def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, prefill_s, strategy_counts=None):
+    def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, prefill_of, strategy_counts=None):
         self.tokens = iter(tokens)
-        self.prefill_s = prefill_s                  # (the first item streamed) -> the engine's prefill seconds
-        self.prefill_time = None
+        self.prefill_of = prefill_of                # (the first item streamed) -> the engine's prefill seconds
+        self.prefill_time = None                    # those seconds, once the first item came
         self.prompt_tokens, self.weights = prompt_tokens, weights
         self.own_cache = own_cache                  # () -> the run's KV cache, as it is now
         self.strategy_counts = strategy_counts or dict
@@ -143,7 +143,7 @@ class Run:
                 break
             stamps.append(time.perf_counter())
             if self.prefill_time is None:
-                self.prefill_time = self.prefill_s(item)
+                self.prefill_time = self.prefill_of(item)
         peak = mx.get_peak_memory()
         synchronize()   # the work left in flight (the next token's) finishes inside this turn's time
         end = time.perf_counter()

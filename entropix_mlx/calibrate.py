@@ -213,6 +213,9 @@ NO_THINK = ["argmax", "branch", "resample", "adaptive"]
 NO_THINK_NO_RESAMPLE = ["argmax", "branch", "adaptive"]
 CONFIDENCE_BRANCH = {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 1.0, "branch_select": "confidence",
                      "high_varentropy": 6.3016, "high_entropy": 20.0}
+THINK_STATES_TOO = {**CONFIDENCE_BRANCH, "branch_rollout_tokens": 16, "branch_keep_margin": 0.1,
+                    "think_varentropy": 0.0}
+SCORED_ROLLOUTS = {**THINK_STATES_TOO, "branch_rollout": "scored"}
 TUNE_CANDIDATES = (
     ("card", {}),                                   # the calibrated card: thinking text " ...", no margin rule
     ("no-think", {"strategies": NO_THINK}),         # thinking text: none
@@ -227,21 +230,17 @@ TUNE_CANDIDATES = (
       for n, keep in ((8, 0.1), (16, 0.1), (16, 0.0), (32, 0.1))),
     # ... and the states think would take (think is off) too, instead of adaptive: on dev,
     # adaptive's draws in the middle of an answer were where confidence-16 still lost items.
-    ("confidence-16, keep-0.1, think states too", {**CONFIDENCE_BRANCH, "branch_rollout_tokens": 16,
-                                                   "branch_keep_margin": 0.1, "think_varentropy": 0.0}),
+    ("confidence-16, keep-0.1, think states too", THINK_STATES_TOO),
     # ... with rollouts that continue by the score (the argmax rule) instead of the model's
     # likeliest token: on the bench passage the greedy rollouts were cut at a repetition in
     # 7 of 13 branches (their look-ahead thrown away), the scored ones in 1 of 8.
-    ("confidence-16, keep-0.1, think states too, scored rollouts",
-     {**CONFIDENCE_BRANCH, "branch_rollout_tokens": 16, "branch_keep_margin": 0.1, "think_varentropy": 0.0,
-      "branch_rollout": "scored"}),
+    ("confidence-16, keep-0.1, think states too, scored rollouts", SCORED_ROLLOUTS),
     # ... with the rows compared over their first k tokens, then only the winner rolling on
     # (branch_decide_tokens). Comparing over all 16 costs 3 passes per token handed out: with
     # native weights on a CPU (a row costs a full pass) the sampler decoded at 0.39x mlx-lm,
     # where issue 10 asks for no lower than 0.74-0.80x. k = 2 and 3 cost about 1.25 and 1.4.
     *((f"confidence-16, keep-0.1, think states too, scored rollouts, decide-{k}",
-       {**CONFIDENCE_BRANCH, "branch_rollout_tokens": 16, "branch_keep_margin": 0.1, "think_varentropy": 0.0,
-        "branch_rollout": "scored", "branch_decide_tokens": k}) for k in (2, 3)),
+       {**SCORED_ROLLOUTS, "branch_decide_tokens": k}) for k in (2, 3)),
 )
 TUNE_SPLIT = "dev"
 TUNE_ANSWER_TOKENS = 32
