@@ -15,16 +15,21 @@ for all rows of a batch); `auto` picks float32 on the CPU device when the
 float32 weights fit `FLOAT32_BUDGET_BYTES`, native otherwise, and always native
 on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
 
-Single rows: MLX calls only `cblas_sgemm`, also for a decode step's
-matrix-vector products, and OpenBLAS 0.3.21 (Debian 12) runs an M=1 GEMM at
-about half the speed of its GEMV. `gemv_shim.c` is a `cblas_sgemm` that sends
-single-row and single-column products to `cblas_sgemv` and everything else to
-OpenBLAS's own; it is compiled once with the system C compiler (which MLX's CPU
-backend already uses for its own kernels), cached, and put in the global scope
-ahead of OpenBLAS. Without a compiler, or if anything fails, plain OpenBLAS runs.
+Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
+of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
+(Debian 12) runs those far below the memory bandwidth (an M=1 GEMM at about half
+its GEMV's speed; it packs the whole weight matrix on every call). `blas_shim.c`
+is a `cblas_sgemm` that sends single-row and single-column products to
+`cblas_sgemv`, products of 2-32 rows with a weight matrix to a kernel of its own
+(each weight row read once for every row, prefetched, split over the cores with
+OpenMP), and everything else to OpenBLAS's own. It is compiled once with the
+system C compiler (which MLX's CPU backend already uses for its own kernels),
+cached, and put in the global scope ahead of OpenBLAS. Without OpenMP it is
+built single-threaded and keeps only the GEMV part; without a compiler, or if
+anything fails, plain OpenBLAS runs.
 
 Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
-nothing; `ENTROPIX_GEMV_SHIM=off` = plain OpenBLAS for every product;
+nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
 `ENTROPIX_WEIGHTS` = the default for `--weights`.
 """
 
@@ -57,9 +62,11 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/libopenblas.so",
 )
 
-_blas: dict = {"name": None, "path": None, "reason": "not loaded yet", "gemv_shim": None, "gemv_reason": ""}
+_blas: dict = {"name": None, "path": None, "reason": "not loaded yet", "shim": None, "shim_reason": "",
+               "thin_gemm": False}
+_shim_library = None   # the loaded shim (its call counter, for tests)
 
-SHIM_SOURCE = Path(__file__).with_name("gemv_shim.c")
+SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
 _OFF = ("none", "off", "0", "false")
 
 
@@ -88,20 +95,21 @@ def load_blas() -> dict:
             library.cblas_sgemm   # noqa: B018  (an OpenBLAS without CBLAS would not help)
         except (OSError, AttributeError):
             continue
-        shim, shim_reason = _load_gemv_shim(library)
+        shim, shim_reason = _load_shim(library)
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # now global: MLX's other BLAS calls resolve to it
-        _blas.update(name="OpenBLAS", path=path, reason="", gemv_shim=shim, gemv_reason=shim_reason)
+        thin = bool(shim and _shim_library.entropix_thin_gemm_active())
+        _blas.update(name="OpenBLAS", path=path, reason="", shim=shim, shim_reason=shim_reason, thin_gemm=thin)
         return blas_info()
     _blas.update(reason=f"ENTROPIX_BLAS={wanted} could not be loaded" if wanted
                  else "no system OpenBLAS found (Debian/Ubuntu: apt install libopenblas0-pthread)")
     return blas_info()
 
 
-def _build_gemv_shim() -> tuple[str | None, str]:
-    """gemv_shim.c compiled to a shared library, once: cached by its content under
+def _build_shim() -> tuple[str | None, str]:
+    """blas_shim.c compiled to a shared library, once: cached by its content under
     ~/.cache/entropix-mlx (else the temp folder). Returns (path, "") or (None, why not)."""
     source = SHIM_SOURCE.read_bytes()
-    name = f"gemv_shim-{hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]}.so"
+    name = f"blas_shim-{hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]}.so"
     cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folders = (Path(cache_home) / "entropix-mlx", Path(tempfile.gettempdir()) / f"entropix-mlx-{os.getuid()}")
     for folder in folders:
@@ -115,8 +123,11 @@ def _build_gemv_shim() -> tuple[str | None, str]:
         partial = folder / f".{name}.{os.getpid()}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            done = subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SHIM_SOURCE)],
-                                  capture_output=True, text=True, timeout=120)
+            for flags in (["-fopenmp"], ["-DENTROPIX_NO_THREADS"]):   # without OpenMP: the GEMV part only
+                done = subprocess.run([*compiler, "-O3", *flags, "-shared", "-fPIC", "-o", str(partial),
+                                       str(SHIM_SOURCE)], capture_output=True, text=True, timeout=120)
+                if done.returncode == 0:
+                    break
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
                 return None, f"{compiler[0]} could not build it: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
@@ -127,40 +138,51 @@ def _build_gemv_shim() -> tuple[str | None, str]:
     return None, why
 
 
-def _load_gemv_shim(openblas) -> tuple[str | None, str]:
-    """Build and load the GEMV shim in front of `openblas` (loaded, not yet global).
+def _load_shim(openblas) -> tuple[str | None, str]:
+    """Build and load the shim in front of `openblas` (loaded, not yet global).
     Returns (its path, "") or (None, why plain OpenBLAS runs)."""
-    if os.environ.get("ENTROPIX_GEMV_SHIM", "").strip().lower() in _OFF:
-        return None, "ENTROPIX_GEMV_SHIM=off"
+    if os.environ.get("ENTROPIX_BLAS_SHIM", "").strip().lower() in _OFF:
+        return None, "ENTROPIX_BLAS_SHIM=off"
     try:
         sgemm, sgemv = openblas.cblas_sgemm, openblas.cblas_sgemv
     except AttributeError:
         return None, "this OpenBLAS has no cblas_sgemv"
-    path, why = _build_gemv_shim()
+    path, why = _build_shim()
     if path is None:
         return None, why
+    global _shim_library
     try:
         shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-        if not shim.entropix_gemv_shim_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p)):
+        if not shim.entropix_blas_shim_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p)):
             return None, "the shim did not get OpenBLAS's functions"
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # first in the global scope: MLX's cblas_sgemm is the shim's
     except (OSError, AttributeError) as e:
         return None, f"cannot load {path}: {e}"
+    _shim_library = shim
     return path, ""
 
 
 def blas_info() -> dict:
     """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, "",
-    "gemv_shim": the shim's path or None, "gemv_reason": why none, ""}."""
+    "shim": the shim's path or None, "shim_reason": why none, "",
+    "thin_gemm": whether the shim's few-row kernel runs}."""
     return dict(_blas)
 
 
 def blas_name() -> str:
-    """What MLX's float32 matmul calls: 'OpenBLAS + GEMV' (single rows through the
-    shim), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
+    """What MLX's float32 matmul calls: 'OpenBLAS + thin kernels' (the shim's
+    GEMV and few-row kernel), 'OpenBLAS + GEMV' (the shim without its kernel:
+    no OpenMP, or a CPU without AVX2), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
     if _blas["name"]:
-        return _blas["name"] + (" + GEMV" if _blas["gemv_shim"] else "")
+        if not _blas["shim"]:
+            return _blas["name"]
+        return _blas["name"] + (" + thin kernels" if _blas["thin_gemm"] else " + GEMV")
     return "Accelerate" if sys.platform == "darwin" else "MLX's BLAS"
+
+
+def thin_gemm_calls() -> int:
+    """How many products the shim's few-row kernel has run in this process."""
+    return _shim_library.entropix_thin_gemm_calls() if _shim_library is not None else 0
 
 
 def default_weights() -> str:

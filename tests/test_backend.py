@@ -7,6 +7,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from entropix_mlx import backend
@@ -22,7 +23,7 @@ def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict 
     runs once entropix_mlx is imported (its output is not read)."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("ENTROPIX_BLAS", "ENTROPIX_GEMV_SHIM")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM")}
     if env_value is not None:
         env["ENTROPIX_BLAS"] = env_value
     env.update(env_extra or {})
@@ -39,13 +40,15 @@ def _openblas_present() -> bool:
 
 
 # Every layout the shim rewrites (one row or one column, either operand stored
-# transposed) and one it passes on, checked against float64 NumPy; a wrong
-# stride or transpose flag in gemv_shim.c gives numbers far off, not rounding.
+# transposed; 2-32 rows times a weight stored N x K, with remainders of every
+# tile size) and ones it passes on, checked against float64 NumPy; a wrong
+# stride, transpose flag or tile edge in blas_shim.c gives numbers far off, not rounding.
 _LAYOUT_CHECK = """
 import numpy as np, mlx.core as mx
 rng = np.random.default_rng(0)
 worst = 0.0
-for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11)]:
+for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11),
+                (2, 301, 67), (7, 577, 40), (8, 1536, 576), (32, 130, 136), (33, 200, 100)]:
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     for A in (mx.array(a), mx.array(np.ascontiguousarray(a.T)).T):
         for B in (mx.array(b), mx.array(np.ascontiguousarray(b.T)).T):
@@ -63,27 +66,63 @@ def test_matmuls_are_exact_through_whatever_blas_runs():
 
 
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
-def test_gemv_shim_is_built_cached_and_exact(tmp_path):
+def test_shim_is_built_cached_and_exact(tmp_path):
     import shutil
 
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on this machine")
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     info = _blas_in_subprocess(None, env_extra=env, after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
-    assert info["name"] == "OpenBLAS" and info["gemv_shim"] and info["gemv_reason"] == ""
-    assert info["gemv_shim"].startswith(str(tmp_path / "entropix-mlx"))
+    assert info["name"] == "OpenBLAS" and info["shim"] and info["shim_reason"] == ""
+    assert info["shim"].startswith(str(tmp_path / "entropix-mlx"))
     # The second process finds the cached library and compiles nothing (no compiler needed).
     again = _blas_in_subprocess(None, env_extra={**env, "CC": "/bin/false"})
-    assert again["gemv_shim"] == info["gemv_shim"]
+    assert again["shim"] == info["shim"]
 
 
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
-@pytest.mark.parametrize("env, reason", [({"ENTROPIX_GEMV_SHIM": "off"}, "ENTROPIX_GEMV_SHIM=off"),
+@pytest.mark.parametrize("env, reason", [({"ENTROPIX_BLAS_SHIM": "off"}, "ENTROPIX_BLAS_SHIM=off"),
                                          ({"CC": "/bin/false"}, "could not build it")])
 def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reason):
     info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), **env},
                                after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
-    assert info["name"] == "OpenBLAS" and info["gemv_shim"] is None and reason in info["gemv_reason"]
+    assert info["name"] == "OpenBLAS" and info["shim"] is None and reason in info["shim_reason"]
+
+
+@pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
+def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_path):
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler on this machine")
+    no_openmp = tmp_path / "cc-without-openmp"
+    no_openmp.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) exit 1;; esac\nexec {cc} "$@"\n')
+    no_openmp.chmod(0o755)
+    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp)},
+                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); print(b.blas_name()); ")
+    assert info["shim"] and info["shim_reason"] == "" and info["thin_gemm"] is False
+
+
+def _thin_gemm_runs() -> bool:
+    return backend.blas_info()["thin_gemm"]
+
+
+@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
+                    "OpenMP and (x86-64) AVX2")
+def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on_the_batch():
+    rng = np.random.default_rng(1)
+    layer = nn.Linear(576, 1536)
+    x = mx.array(rng.standard_normal((1, 32, 576)).astype(np.float32))
+    before = backend.thin_gemm_calls()
+    full = layer(x)
+    mx.eval(full)
+    assert backend.thin_gemm_calls() == before + 1          # x @ W.T + b: 32 rows, one call
+    for rows in (2, 3, 5, 8, 13):   # every tile edge: each row's numbers are bit for bit the same
+        assert mx.array_equal(layer(x[:, :rows]), full[:, :rows]).item(), rows
+    assert backend.thin_gemm_calls() == before + 6
+    mx.eval(layer(x[:, :1]), layer(mx.concatenate([x, x[:, :1]], axis=1)))   # one row: GEMV; 33: OpenBLAS
+    assert backend.thin_gemm_calls() == before + 6
 
 
 def test_blas_none_loads_nothing_and_says_why():

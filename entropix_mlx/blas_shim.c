@@ -1,0 +1,162 @@
+/* A cblas_sgemm for thin products: the ones a decode step makes.
+ *
+ * MLX's CPU backend calls only cblas_sgemm, also for a decode step's products of a
+ * few rows of activations with every weight matrix. OpenBLAS 0.3.21 (Debian 12)
+ * runs those at a fraction of the memory bandwidth: it packs the whole weight
+ * matrix for each call. On a 2-core x86-64 VM, the 211 weight products of a
+ * SmolLM2-135M decode step took 38 ms as one-row GEMMs and 23 ms as GEMVs; for 8
+ * rows, 48 ms as OpenBLAS GEMMs and 29 ms with the kernel below. So:
+ *   - one row or one column: OpenBLAS's cblas_sgemv;
+ *   - 2..THIN_ROWS rows of activations times a weight matrix stored N x K (how MLX
+ *     passes `x @ W.T`): thin_gemm below, which streams each weight row once,
+ *     prefetched, against all rows (AVX2 + FMA on x86-64, checked at init; GCC's
+ *     generic vectors elsewhere), split across cores with OpenMP. Each output is
+ *     summed in the same order whatever M is, so a row's numbers do not depend
+ *     on which rows share its batch;
+ *   - anything else (long prompts, column-major, small attention products): OpenBLAS.
+ * backend.py compiles this file once, hands it OpenBLAS's functions, and puts it
+ * first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
+ */
+enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
+enum { THIN_ROWS = 32, THIN_MIN_WEIGHTS = 16384 };
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int,
+                         float, float *, int);
+typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int, float,
+                         float *, int);
+
+static sgemm_fn real_sgemm;
+static sgemv_fn real_sgemv;
+static int thin_ok;   /* thin_gemm runs: built with OpenMP, on a CPU with its instructions */
+static long thin_calls;
+
+#if defined(__x86_64__)
+#define VECTOR __attribute__((target("avx2,fma")))
+#else
+#define VECTOR
+#endif
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
+#define LOAD8(p) (*(const v8_unaligned *)(p))
+
+/* C[0..R) x [0..COLS) = alpha A[0..R) . B[0..COLS)^T + beta C, over K: R activation rows
+   against COLS weight rows, R x COLS accumulators kept in registers (4 x 3 = 12 of AVX2's 16).
+   While it runs, the next tile's weight rows are prefetched: the weights come from memory
+   once per step, and without the prefetch the loads and the arithmetic take turns. */
+#define TILE(R, COLS)                                                                              \
+    VECTOR static inline __attribute__((always_inline)) void tile_##R##x##COLS(                   \
+        int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,         \
+        float *C, int ldc) {                                                                       \
+        v8 acc[R][COLS];                                                                           \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                        \
+            _Pragma("GCC unroll 4") for (int c = 0; c < COLS; c++) acc[r][c] = (v8){0};            \
+        int k = 0;                                                                                 \
+        for (; k + 8 <= K; k += 8) {                                                               \
+            v8 w[COLS];                                                                            \
+            _Pragma("GCC unroll 4") for (int c = 0; c < COLS; c++) {                               \
+                __builtin_prefetch(B + (long)(c + COLS) * ldb + k);                                \
+                w[c] = LOAD8(B + (long)c * ldb + k);                                               \
+            }                                                                                      \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
+                v8 a = LOAD8(A + (long)r * lda + k);                                               \
+                _Pragma("GCC unroll 4") for (int c = 0; c < COLS; c++) acc[r][c] += a * w[c];      \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < R; r++)                                                                \
+            for (int c = 0; c < COLS; c++) {                                                       \
+                v8 v = acc[r][c];                                                                  \
+                float s = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));      \
+                for (int kk = k; kk < K; kk++) s += A[(long)r * lda + kk] * B[(long)c * ldb + kk]; \
+                float *out = C + (long)r * ldc + c;                                                \
+                *out = beta == 0 ? alpha * s : alpha * s + beta * *out;                            \
+            }                                                                                      \
+    }
+TILE(4, 3)
+TILE(2, 3)
+TILE(1, 3)
+TILE(4, 1)
+TILE(1, 1)
+
+/* Output columns [n0, n1): every activation row against weight rows n0..n1. */
+VECTOR static void thin_columns(int M, int n0, int n1, int K, float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C, int ldc) {
+    int n = n0;
+    for (; n + 3 <= n1; n += 3) {
+        const float *b = B + (long)n * ldb;
+        float *c = C + n;
+        int m = 0;
+        for (; m + 4 <= M; m += 4) tile_4x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+        for (; m + 2 <= M; m += 2) tile_2x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+        for (; m < M; m++) tile_1x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+    }
+    for (; n < n1; n++) {
+        const float *b = B + (long)n * ldb;
+        float *c = C + n;
+        int m = 0;
+        for (; m + 4 <= M; m += 4) tile_4x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+        for (; m < M; m++) tile_1x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+    }
+}
+
+/* C (M x N) = alpha A (M x K) . B^T + beta C, B stored N x K; chunks of 48 columns
+   (16 tiles, whole cache lines of C) shared out over the cores. */
+static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                      float beta, float *C, int ldc) {
+    enum { CHUNK = 48 };
+    int chunks = (N + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < chunks; i++) {
+        int n0 = i * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+        thin_columns(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+int entropix_blas_shim_init(void *sgemm, void *sgemv) {
+    real_sgemm = (sgemm_fn)sgemm;
+    real_sgemv = (sgemv_fn)sgemv;
+#if defined(ENTROPIX_NO_THREADS)
+    thin_ok = 0;   /* one core would lose to OpenBLAS's threads */
+#elif defined(__x86_64__)
+    __builtin_cpu_init();
+    thin_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    thin_ok = 1;
+#endif
+    return real_sgemm != 0 && real_sgemv != 0;
+}
+
+/* 1 when thin_gemm takes 2..THIN_ROWS-row products (for the header); how many it took (tests). */
+int entropix_thin_gemm_active(void) { return thin_ok; }
+long entropix_thin_gemm_calls(void) { return thin_calls; }
+
+/* C = alpha op(A) op(B) + beta C, with op(A) M x K and op(B) K x N (row-major). */
+void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (order == RowMajor && K > 0 && M == 1) {
+        /* c (1 x N) = a (1 x K) op(B): y = op(B)^T a. a's elements are lda apart when A is
+           stored transposed (K x 1). B stored N x K (Trans) is op(B)^T itself. */
+        int inc_a = trans_a == NoTrans ? 1 : lda;
+        if (trans_b == Trans)
+            real_sgemv(RowMajor, NoTrans, N, K, alpha, B, ldb, A, inc_a, beta, C, 1);
+        else
+            real_sgemv(RowMajor, Trans, K, N, alpha, B, ldb, A, inc_a, beta, C, 1);
+        return;
+    }
+    if (order == RowMajor && K > 0 && N == 1) {
+        /* c (M x 1, rows ldc apart) = op(A) b (K x 1). */
+        int inc_b = trans_b == NoTrans ? ldb : 1;
+        if (trans_a == NoTrans)
+            real_sgemv(RowMajor, NoTrans, M, K, alpha, A, lda, B, inc_b, beta, C, ldc);
+        else
+            real_sgemv(RowMajor, Trans, K, M, alpha, A, lda, B, inc_b, beta, C, ldc);
+        return;
+    }
+    if (thin_ok && order == RowMajor && trans_a == NoTrans && trans_b == Trans && M <= THIN_ROWS &&
+        (long)N * K >= THIN_MIN_WEIGHTS) {
+        thin_gemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        thin_calls++;
+        return;
+    }
+    real_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
