@@ -49,7 +49,8 @@ from .backend import gemm_uses_all_cores
 from .cache import (KVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache, visible_columns,
                     visible_key_mask)
 from .errors import ConfigError, ContextOverflowError
-from .generate import prefill
+from .generate import SINGLE_PASS_TOKENS, prefill
+from .model import Segment
 from .samplers import Choice, Sampler, Step, choose_together
 
 
@@ -211,13 +212,15 @@ class _Group:
         self.numbers = None    # shared counter of row numbers
 
 
-def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
-    """The row's prompt (after the shared prefix) into a batch-1 cache of its own.
+def _joiner_cache(model, prefix_cache):
+    return fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
 
-    Rows are prefilled one by one, with `generate`'s own prefill: on CPU that
-    costs the same as padding them into one batch (prefill is compute-bound
-    there), and each row's prefill is the same computation as an unbatched run's."""
-    cache = fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
+
+def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
+    """The row's prompt (after the shared prefix) into a batch-1 cache of its
+    own, with `generate`'s own prefill: for prompts too long to ride along in
+    the batch's forward pass (`_step`)."""
+    cache = _joiner_cache(model, prefix_cache)
     logits, scores = prefill(model, row.request.prompt[prefix_len:], cache)
     row.logits, row.scores = logits[0, -1], [s[0] for s in scores]
     row.own_cache = cache
@@ -266,8 +269,17 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
                 sources.append(i)
     tokens += [c.result.tokens[-1] for c in spawned]
 
+    # Waiting requests take the freed slots. Their prompts ride along in the
+    # rows' forward pass: the weight products run once over all its tokens, so
+    # a short prompt costs a fraction of a pass of its own.
+    joiners = []
+    while pending and group.free:
+        index, request = pending.popleft()
+        joiners.append(_Row(index, request, group.free.pop(), next(group.numbers)))
+    riding = [row for row in joiners if len(row.request.prompt) - prefix_len <= SINGLE_PASS_TOKENS]
+
     with mx.stream(group.stream):
-        outputs = []
+        outputs, segments = [], []
         if keep or spawned:
             rows = keep + sources
             if rows != list(range(len(group.rows))):
@@ -276,19 +288,26 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
                 pads = cache[0].left_padding.tolist()
                 length = cache[0].keys_and_values()[0].shape[2]
             key_mask = visible_key_mask(cache[0], length + 1)
-            logits, scores = model(mx.array(tokens)[:, None], cache, key_mask=key_mask)
-            outputs += [logits, scores]
+            segments.append(Segment(mx.array(tokens)[:, None], cache, key_mask=key_mask))
         else:
             cache = None
+        for row in riding:
+            row.own_cache = _joiner_cache(model, prefix_cache)
+            segments.append(Segment(mx.array([row.request.prompt[prefix_len:]]), row.own_cache))
+        passed = model.packed(segments) if segments else []
+        if keep or spawned:
+            logits, scores = passed.pop(0)
+            outputs += [logits, scores]
         group.rows = [group.rows[i] for i in keep] + spawned
         prefix = getattr(cache[0], "prefix_len", 0) if cache is not None else 0
         for i, row in enumerate(group.rows):
             row.logits, row.scores = logits[i, -1], [visible_columns(s[i], pads[i], prefix) for s in scores]
+        for row, (row_logits, row_scores) in zip(riding, passed):
+            row.logits, row.scores = row_logits[0, -1], [s[0] for s in row_scores]
 
-        while pending and group.free:
-            index, request = pending.popleft()
-            row = _Row(index, request, group.free.pop(), next(group.numbers))
-            _prefill_row(model, row, prefix_cache, prefix_len)
+        for row in joiners:
+            if row.own_cache is None:
+                _prefill_row(model, row, prefix_cache, prefix_len)
             rejoin.append(row)
         if rejoin:
             outputs += [(row.logits, row.scores) for row in rejoin]

@@ -7,8 +7,16 @@ thing mlx-lm cannot give is the attention scores the sampler's metrics need, sin
 layer keeps the fused kernel for its output and computes, separately, the
 pre-softmax scores of the last query row only: (heads, visible keys) per layer,
 which costs one small matmul per layer instead of materialising full attention.
+
+One pass can also carry several independent inputs (`Model.packed`), each with
+its own cache: e.g. the batch's decode rows and a new prompt joining it. The
+products with the weights run once over all their tokens, the attention per
+input. On the CPU backend a product of 8 rows with a weight matrix costs little
+more than one of 1, so a joining prompt that rides along costs a fraction of a
+pass of its own.
 """
 
+from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
@@ -16,15 +24,28 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
+from .cpu_math import on_cpu, softmax, swiglu
+
 ModelArgs = llama.ModelArgs
 
 
+@dataclass
+class Segment:
+    """One input of a pass: tokens (B, L) with their cache (one per layer)."""
+    tokens: mx.array
+    cache: Optional[list] = None
+    mask: Optional[mx.array] = None        # default: causal, over the cache (`create_attention_mask`)
+    key_mask: Optional[mx.array] = None    # (B, keys): which key columns each row's scores keep
+
+
 class Attention(llama.Attention):
-    def __call__(self, x, mask=None, cache=None, key_mask: Optional[mx.array] = None):
-        B, L, _ = x.shape
-        queries = self.q_proj(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        keys = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        values = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    def attend(self, queries, keys, values, shape, cache=None, mask=None, key_mask=None):
+        """Attention of one segment, from its rows of the q/k/v projections.
+        Returns (output (B*L, heads*dim), last query's scores (B, heads, keys))."""
+        B, L = shape
+        queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
 
         offset = cache.offset if cache is not None else 0
         queries = self.rope(queries, offset=offset)
@@ -33,32 +54,60 @@ class Attention(llama.Attention):
             # Returns the keys written so far, never the preallocated empty slots.
             keys, values = cache.update_and_fetch(keys, values)
 
-        output = scaled_dot_product_attention(
-            queries, keys, values, cache=cache, scale=self.scale, mask=mask
-        )
-        output = self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
-
         # Scores of the last query over every visible key. The last row of a causal
         # mask hides nothing, so only padding (batched decoding) needs masking.
         n_rep = self.n_heads // self.n_kv_heads
         q_last = queries[:, :, -1, :].reshape(B, self.n_kv_heads, n_rep, -1)
-        scores = (q_last * self.scale) @ keys.swapaxes(-1, -2)
-        scores = scores.reshape(B, self.n_heads, -1).astype(mx.float32)
+        last = (q_last * self.scale) @ keys.swapaxes(-1, -2)    # (B, kv heads, n_rep, keys)
+        scores = last.reshape(B, self.n_heads, -1).astype(mx.float32)
         if key_mask is not None:
             scores = mx.where(key_mask[:, None, :], scores, -mx.inf)
+
+        if L == 1 and on_cpu(queries) and not isinstance(mask, str):
+            # Decoding on the CPU: those scores are the whole attention logits, so
+            # the softmax and the product with the values follow from them. The
+            # fused kernel is ops there too, and would compute them a second time.
+            if mask is not None:
+                last = mx.where(mask, last, -mx.inf) if mask.dtype == mx.bool_ else last + mask
+            output = (softmax(last) @ values).reshape(B, -1)
+        else:
+            output = scaled_dot_product_attention(
+                queries, keys, values, cache=cache, scale=self.scale, mask=mask
+            )
+            output = output.transpose(0, 2, 1, 3).reshape(B * L, -1)
         return output, scores
+
+
+class MLP(llama.MLP):
+    def __call__(self, x):
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))   # a faster silu on the CPU
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.self_attn = Attention(args)
-        self.mlp = llama.MLP(args)
+        self.mlp = MLP(args)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x, mask=None, cache=None, key_mask=None):
-        r, scores = self.self_attn(self.input_layernorm(x), mask, cache, key_mask)
+    def __call__(self, x, segments: list[Segment], masks: list, layer: int):
+        """x: (tokens, hidden), every segment's tokens in order. Returns the new
+        hidden states and each segment's last-query scores."""
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        queries, keys, values = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        outputs, scores, start = [], [], 0
+        for seg, mask in zip(segments, masks):
+            n = seg.tokens.size
+            rows = slice(start, start + n) if len(segments) > 1 else slice(None)
+            cache = seg.cache[layer] if seg.cache is not None else None
+            o, s = attn.attend(queries[rows], keys[rows], values[rows], seg.tokens.shape,
+                               cache, mask, seg.key_mask)
+            outputs.append(o)
+            scores.append(s)
+            start += n
+        r = attn.o_proj(outputs[0] if len(outputs) == 1 else mx.concatenate(outputs))
         h = x + r
         return h + self.mlp(self.post_attention_layernorm(h)), scores
 
@@ -87,25 +136,50 @@ class Model(nn.Module):
 
     def __call__(self, inputs: mx.array, cache=None, last_only: bool = False,
                  mask=None, key_mask: Optional[mx.array] = None):
-        h = self.model.embed_tokens(inputs)
-        if cache is None:
-            cache = [None] * len(self.layers)
-        if mask is None:
-            mask = create_attention_mask(h, cache[0])
-        scores = []
-        for layer, layer_cache in zip(self.layers, cache):
-            h, s = layer(h, mask, layer_cache, key_mask)
-            scores.append(s)
+        return self.packed([Segment(inputs, cache, mask, key_mask)], last_only)[0]
+
+    def packed(self, segments: list[Segment], last_only: bool = True) -> list[tuple]:
+        """One pass over several inputs, each with its own cache; returns each
+        one's (logits, scores) as `__call__` would. Each segment's numbers are
+        those of a pass of its own up to the weight products' rounding (the
+        products see all segments' tokens as rows of one matrix)."""
+        masks = []
+        for seg in segments:
+            mask = seg.mask
+            if mask is None:
+                first = seg.cache[0] if seg.cache is not None else None
+                mask = create_attention_mask(seg.tokens[..., None], first)   # only L and the cache matter
+            masks.append(mask)
+        tokens = segments[0].tokens.reshape(-1) if len(segments) == 1 else \
+            mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
+        h = self.model.embed_tokens(tokens)
+        scores = [[] for _ in segments]
+        for i, layer in enumerate(self.layers):
+            h, layer_scores = layer(h, segments, masks, i)
+            for mine, s in zip(scores, layer_scores):
+                mine.append(s)
         if last_only:
             # Prefill needs the next-token logits only: skip the vocabulary
             # projection for every other position.
-            h = h[:, -1:, :]
+            ends, start = [], 0
+            for seg in segments:
+                B, L = seg.tokens.shape
+                ends += [start + b * L + L - 1 for b in range(B)]
+                start += B * L
+            h = h[mx.array(ends)] if len(ends) < h.shape[0] else h
         h = self.model.norm(h)
         if self.args.tie_word_embeddings:
             logits = self.model.embed_tokens.as_linear(h)
         else:
             logits = self.lm_head(h)
-        return logits, scores
+        out, start = [], 0
+        for seg, s in zip(segments, scores):
+            B, L = seg.tokens.shape
+            n = B if last_only else B * L
+            rows = logits[start:start + n] if len(segments) > 1 else logits
+            out.append((rows.reshape(B, n // B, -1), s))
+            start += n
+        return out
 
     def sanitize(self, weights):
         return llama.Model.sanitize(self, weights)

@@ -184,6 +184,10 @@ class CountsCalls:
         self.calls.append(inputs.shape)
         return self.model(inputs, *args, **kwargs)
 
+    def packed(self, segments, *args, **kwargs):   # several inputs in one pass: each counts
+        self.calls += [seg.tokens.shape for seg in segments]
+        return self.model.packed(segments, *args, **kwargs)
+
     def __getattr__(self, name):
         return getattr(self.model, name)
 
@@ -196,6 +200,31 @@ def test_a_choice_that_ends_the_answer_finishes_the_row_without_feeding_it(tiny_
         assert out[i].tokens == [70, 71] and out[i].logprobs == [-0.1, -0.2] and out[i].finish_reason == "eos"
         assert out[i].tokens == unbatched(model.model, tiny_tokenizer, p, EndsAfterTwo(), 10, 0)
     assert model.calls == [(1, len(p)) for p in prompts]     # the prompts' prefills, nothing else
+
+
+class RecordsPasses(CountsCalls):
+    def __init__(self, model):
+        super().__init__(model)
+        self.passes = []
+
+    def packed(self, segments, *args, **kwargs):
+        self.passes.append([seg.tokens.shape for seg in segments])
+        return super().packed(segments, *args, **kwargs)
+
+
+def test_waiting_prompts_ride_along_in_the_rows_forward_pass(tiny_tokenizer):
+    """A prompt that takes a freed slot is not run in a pass of its own: it goes
+    with the other rows' next tokens, and its row's answer is unchanged."""
+    model = RecordsPasses(make_model())
+    prompts = prompts_of(tiny_tokenizer, TEXTS[:4])
+    out = batched(model, tiny_tokenizer, [Request(p, 0, 6 + 3 * i) for i, p in enumerate(prompts)],
+                  GreedySampler, 2)
+    assert model.passes[0] == [(1, len(prompts[0])), (1, len(prompts[1]))]   # both slots fill at once
+    for p in prompts[2:]:   # the later prompts join a pass that also feeds the other row
+        joined = [shapes for shapes in model.passes if (1, len(p)) in shapes]
+        assert len(joined) == 1 and any(rows_and_length[1] == 1 for rows_and_length in joined[0])
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(model.model, tiny_tokenizer, p, GreedySampler(), 6 + 3 * i, 0)
 
 
 def entropix(tokenizer, **changes):

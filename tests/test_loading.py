@@ -78,8 +78,9 @@ def test_hf_directory_matches_mlx_lm_load(hf_dir, source_model):
     assert isinstance(model, Model)
     assert model.args.rms_norm_eps == 1e-6 and model.args.rope_theta == 20000.0
     logits, scores = model(TOKENS)
-    assert mx.array_equal(logits, reference(TOKENS))
-    assert mx.array_equal(logits, source_model(TOKENS)[0])  # the weights we wrote, unchanged
+    # Equal up to the silu's rounding (ours is a polynomial on the CPU, activations.py) ...
+    assert mx.allclose(logits, reference(TOKENS), rtol=1e-5, atol=1e-5)
+    assert mx.array_equal(logits, source_model(TOKENS)[0])  # ... and exactly the weights we wrote
     assert len(scores) == 2 and scores[0].shape == (1, 4, TOKENS.shape[1])
     text = "Hi there, 42 \u00e9\U0001F600"
     assert tokenizer.encode(text) == reference_tokenizer.encode(text)
@@ -95,7 +96,7 @@ def test_hf_quantized_directory_matches_mlx_lm_load(hf_quantized_dir, source_mod
     assert isinstance(model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     assert model.layers[0].self_attn.q_proj.bits == 4 and model.layers[0].self_attn.q_proj.group_size == 32
     logits, _ = model(TOKENS)
-    assert mx.array_equal(logits, reference(TOKENS))
+    assert mx.allclose(logits, reference(TOKENS), rtol=1e-5, atol=1e-5)   # up to the silu's rounding
     # 4-bit weights are close to, but not the same as, the float ones.
     difference = mx.abs(logits - source_model(TOKENS)[0]).max().item()
     assert 0 < difference < 0.25 * mx.abs(logits).max().item()

@@ -192,6 +192,47 @@ def test_key_mask_hides_padding_keys():
         np.testing.assert_allclose(_np(s[0, :, 2:]), _np(p[0]), atol=1e-4, rtol=1e-4)
 
 
+def test_a_packed_pass_equals_one_pass_per_input():
+    """Decode rows of a padded batch and two prompts (one on a fresh cache, one
+    after a cached prefix) in one pass: each gets the logits, scores and cache
+    a pass of its own gives, and the prompts' equal the by-hand forward."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from entropix_mlx.model import Segment
+
+    model = make_tiny_model(seed=4)
+    rows = [[7, 8, 9, 10], [20, 21]]
+
+    def batch_cache():
+        cache = [BatchKVCache([0, 2]) for _ in model.layers]
+        model(mx.array([rows[0], [0, 0] + rows[1]]), cache, last_only=True)
+        return cache
+
+    def prefix_cache():
+        cache = make_cache(model)
+        model(mx.array([[3, 4, 5]]), cache)
+        return cache
+
+    key_mask = mx.array([[True] * 5, [False, False, True, True, True]])
+    decode, fresh, after = mx.array([[11], [22]]), mx.array([[40, 41, 42]]), mx.array([[50, 51]])
+    alone = [model(decode, c := batch_cache(), key_mask=key_mask, last_only=True) + (c,),
+             model(fresh, c := make_cache(model), last_only=True) + (c,),
+             model(after, c := prefix_cache(), last_only=True) + (c,)]
+    caches = [batch_cache(), make_cache(model), prefix_cache()]
+    packed = model.packed([Segment(decode, caches[0], key_mask=key_mask), Segment(fresh, caches[1]),
+                           Segment(after, caches[2])])
+    for (logits, scores, cache), (p_logits, p_scores), p_cache in zip(alone, packed, caches):
+        assert p_logits.shape == logits.shape and len(p_scores) == len(scores)
+        np.testing.assert_allclose(_np(p_logits), _np(logits), atol=1e-5, rtol=1e-5)
+        for s, p in zip(scores, p_scores):
+            np.testing.assert_allclose(_np(p), _np(s), atol=1e-5, rtol=1e-5)
+        for c, pc in zip(cache, p_cache):
+            assert pc.offset == c.offset if isinstance(c.offset, int) else mx.array_equal(pc.offset, c.offset)
+            np.testing.assert_allclose(_np(pc.state[0]), _np(c.state[0]), atol=1e-5, rtol=1e-5)
+    assert_step_matches(model, packed[1][0], packed[1][1], [40, 41, 42])
+    assert_step_matches(model, packed[2][0], packed[2][1], [3, 4, 5, 50, 51])
+
+
 # --------------------------------------------------------------------------
 # Llama-3 RoPE scaling
 # --------------------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""The CPU exp (Cephes' expf in MLX ops), its SwiGLU and softmax, against float64 numpy."""
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
+
+from entropix_mlx import cpu_math
+from entropix_mlx.cpu_math import softmax, swiglu
+
+
+def test_cpu_exp_is_within_a_float_rounding_of_the_exact_one():
+    x = np.concatenate([np.linspace(-87, 87, 1_000_001), np.linspace(-2, 2, 100_001)]).astype(np.float32)
+    got = np.array(cpu_math.exp(mx.array(x)), dtype=np.float64)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got - exact) / exact) < 2e-7
+
+
+def test_cpu_swiglu_matches_the_exact_silu_everywhere():
+    x = np.concatenate([np.linspace(-120, 120, 1_000_001), np.linspace(-3, 3, 100_001)]).astype(np.float32)
+    up = np.random.default_rng(0).normal(size=x.shape).astype(np.float32)
+    got = np.array(swiglu(mx.array(x), mx.array(up)), dtype=np.float64)
+    x64 = x.astype(np.float64)
+    exact = x64 / (1 + np.exp(-x64)) * up
+    # Relative, except far below zero: for x < -87 exp(-x) saturates at e^87,
+    # so silu(-120) comes out ~1e-36 instead of ~1e-50.
+    assert np.all(np.abs(got - exact) <= 3e-7 * np.abs(exact) + 1e-34)
+    # ... and at least as close as MLX's own silu, which it replaces on the CPU.
+    theirs = np.array(mlx_lm_swiglu(mx.array(x), mx.array(up)), dtype=np.float64)
+    assert np.max(np.abs(got - exact)) <= np.max(np.abs(theirs - exact))
+
+
+def test_cpu_swiglu_keeps_signed_zeros_infinities_and_nans():
+    x = mx.array([0.0, -0.0, np.inf, np.nan, 1e-30, -1e-30], dtype=mx.float32)
+    got = np.array(swiglu(x, mx.ones(x.shape)))
+    assert got[0] == 0 and got[1] == 0 and got[2] == np.inf and np.isnan(got[3])
+    np.testing.assert_allclose(got[4:], [5e-31, -5e-31], rtol=1e-6)
+
+
+def test_other_dtypes_keep_mlx_lms_swiglu():
+    x = mx.array([-3.0, -0.5, 0.0, 0.5, 3.0], dtype=mx.float16)
+    assert mx.array_equal(swiglu(x, x), mlx_lm_swiglu(x, x))
+
+
+def test_cpu_softmax_matches_the_exact_one_and_gives_hidden_keys_nothing():
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(6, 3, 300)) * 8).astype(np.float32)
+    x[:, :, :7] = -np.inf                       # hidden (padding) keys
+    got = np.array(softmax(mx.array(x)), dtype=np.float64)
+    x64 = x.astype(np.float64)
+    exact = np.exp(x64 - x64.max(-1, keepdims=True))
+    exact /= exact.sum(-1, keepdims=True)
+    assert np.all(got[:, :, :7] == 0)
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-12)
