@@ -6,7 +6,7 @@ uses for the same seed) and its attention scores with the padding cut off, so a
 row's answer does not depend on which rows share its batch. Greedy rows equal
 unbatched `generate` runs token for token (tests/test_batch.py).
 
-The cache is mlx-lm's `BatchKVCache`: a per-row left padding and a per-row
+The cache is mlx-lm's `BatchKVCache` (`RowsKVCache`): a per-row left padding and a per-row
 offset (the RoPE position), so each row's real tokens sit at positions 0, 1, ...
 exactly as in an unbatched run, and its `make_mask` hides the padding from every
 query. Continuous batching: a finished row leaves the batch (`filter`) and a
@@ -43,11 +43,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
-
 from .backend import gemm_uses_all_cores
-from .cache import (KVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache, visible_columns,
-                    visible_key_mask)
+from .cache import (KVCache, RowsKVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache,
+                    visible_columns, visible_key_mask)
 from .errors import ConfigError, ContextOverflowError
 from .generate import SINGLE_PASS_TOKENS, prefill
 from .model import Segment
@@ -315,7 +313,7 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
                 merged = [SharedPrefixBatchCache.merge_rows(p, list(layer))
                           for p, layer in zip(prefix_cache, zip(*(row.own_cache for row in rejoin)))]
             else:
-                merged = [BatchKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
+                merged = [RowsKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
             for row in rejoin:
                 row.own_cache = None
             if cache is None:

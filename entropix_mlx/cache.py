@@ -107,7 +107,17 @@ class SharedPrefixCache:
         return self.keys[i:i + 1, :, :written, :], self.values[i:i + 1, :, :written, :]
 
 
-class SharedPrefixBatchCache(BatchKVCache):
+class RowsKVCache(BatchKVCache):
+    """mlx-lm's BatchKVCache, grown 64 positions at a time instead of 256.
+
+    Rows leave and join a batch (`filter`, `extend`) by copying its whole
+    buffer, empty slots included; with answers of tens of tokens most of a
+    256-slot buffer is empty, and those copies took 1.5 s of a 25 s eval."""
+
+    step = 64
+
+
+class SharedPrefixBatchCache(RowsKVCache):
     """mlx-lm's BatchKVCache for rows that all start with one prefix, stored once.
 
     The rows hold only the positions after the prefix (left-padded as usual);
