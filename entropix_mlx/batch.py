@@ -211,7 +211,12 @@ class _Group:
 
 
 def _joiner_cache(model, prefix_cache):
-    return fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
+    cache = fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
+    for layer in cache:
+        # Its first write allocates room for `step` positions: the prompt's few
+        # tokens need 64, not 256 (4-5 ms less per prompt on the CPU).
+        layer.step = RowsKVCache.step
+    return cache
 
 
 def _prefill_row(model, row: _Row, prefix_cache, prefix_len: int):
