@@ -10,8 +10,10 @@ The cache is mlx-lm's `BatchKVCache` (`RowsKVCache`): a per-row left padding and
 offset (the RoPE position), so each row's real tokens sit at positions 0, 1, ...
 exactly as in an unbatched run, and its `make_mask` hides the padding from every
 query. Continuous batching: a finished row leaves the batch (`filter`) and a
-waiting prompt, prefilled on its own, takes its place (`merge` + `extend`), so
-a batch never idles on its longest answer.
+waiting prompt takes its place (`merge` + `extend`), so a batch never idles on
+its longest answer. The prompt is not prefilled in a pass of its own: its tokens
+ride along in the rows' next forward pass (`Model.packed`, one set of weight
+products for all of them), into a batch-1 cache that then joins the batch.
 
 Samplers that run the model themselves (Entropix's branch rollouts and thinking
 insertion) get the model and a batch-1 cache of their row (`_RowCache`, built

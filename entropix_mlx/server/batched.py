@@ -3,8 +3,8 @@ batch.py's continuous batching.
 
 batch.py's `_step` makes one decision per row of a group and runs the group's
 next forward pass; this module drives it for requests that arrive at any time:
-each step admits at most one waiting request per group (prefilled on a fork of
-its prompt-prefix cache entry, as `_prefill_row` does for a shared prefix), and
+each step admits at most one waiting request per group (its prompt, after its
+prompt-prefix cache entry, rides along in that step's forward pass), and
 after each step hands every row's new tokens to its request, with the record
 `run --json` writes. Every row keeps its own sampler, key chain and
 detokenizer, so a request's answer does not depend on which others share its
