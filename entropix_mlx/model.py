@@ -47,9 +47,11 @@ class Attention(llama.Attention):
         keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
 
+        # One RoPE call for queries and keys: it rotates each head by its position
+        # alone, and on the CPU each call is a dozen small kernels.
         offset = cache.offset if cache is not None else 0
-        queries = self.rope(queries, offset=offset)
-        keys = self.rope(keys, offset=offset)
+        both = self.rope(mx.concatenate([queries, keys], axis=1), offset=offset)
+        queries, keys = both[:, : self.n_heads], both[:, self.n_heads:]
         if cache is not None:
             # Returns the keys written so far, never the preallocated empty slots.
             keys, values = cache.update_and_fetch(keys, values)
