@@ -34,7 +34,7 @@ class Segment:
     """One input of a pass: tokens (B, L) with their cache (one per layer)."""
     tokens: mx.array
     cache: Optional[list] = None
-    mask: Optional[mx.array] = None        # default: causal, over the cache (`create_attention_mask`)
+    mask: Optional[mx.array | str] = None  # default: causal over the cache (`create_attention_mask`)
     key_mask: Optional[mx.array] = None    # (B, keys): which key columns each row's scores keep
 
 
