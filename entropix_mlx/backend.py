@@ -18,15 +18,15 @@ on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
 Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
 of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
 (Debian 12) runs those far below the memory bandwidth (an M=1 GEMM at about half
-its GEMV's speed; it packs the whole weight matrix on every call). `blas_shim.c`
-is a `cblas_sgemm` that sends single-row and single-column products to
-`cblas_sgemv`, products of 2-32 rows with a weight matrix to a kernel of its own
-(each weight row read once for every row, prefetched, split over the cores with
-OpenMP), and everything else to OpenBLAS's own. It is compiled once with the
-system C compiler (which MLX's CPU backend already uses for its own kernels),
-cached, and put in the global scope ahead of OpenBLAS. Without OpenMP it is
-built single-threaded and keeps only the GEMV part; without a compiler, or if
-anything fails, plain OpenBLAS runs.
+its GEMV's speed, the GEMV itself at under half the bandwidth). `blas_shim.c` is
+a `cblas_sgemm` that sends products of 1-32 rows with a weight matrix to a
+kernel of its own (each weight row read once for every row, prefetched, split
+over the cores with OpenMP), other single-row and single-column products to
+`cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
+the system C compiler (which MLX's CPU backend already uses for its own
+kernels), cached, and put in the global scope ahead of OpenBLAS. Without OpenMP
+it is built single-threaded and keeps only the GEMV part; without a compiler,
+or if anything fails, plain OpenBLAS runs.
 
 Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
 nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;

@@ -1,18 +1,19 @@
 /* A cblas_sgemm for thin products: the ones a decode step makes.
  *
- * MLX's CPU backend calls only cblas_sgemm, also for a decode step's products of a
- * few rows of activations with every weight matrix. OpenBLAS 0.3.21 (Debian 12)
- * runs those at a fraction of the memory bandwidth: it packs the whole weight
- * matrix for each call. On a 2-core x86-64 VM, the 211 weight products of a
- * SmolLM2-135M decode step took 38 ms as one-row GEMMs and 23 ms as GEMVs; for 8
- * rows, 48 ms as OpenBLAS GEMMs and 29 ms with the kernel below. So:
- *   - one row or one column: OpenBLAS's cblas_sgemv;
- *   - 2..THIN_ROWS rows of activations times a weight matrix stored N x K (how MLX
- *     passes `x @ W.T`): thin_gemm below, which streams each weight row once,
- *     prefetched, against all rows (AVX2 + FMA on x86-64, checked at init; GCC's
- *     generic vectors elsewhere), split across cores with OpenMP. Each output is
- *     summed in the same order whatever M is, so a row's numbers do not depend
- *     on which rows share its batch;
+ * MLX's CPU backend calls only cblas_sgemm, also for a decode step's products of one or a
+ * few rows of activations with every weight matrix. OpenBLAS 0.3.21 (Debian 12) runs those
+ * far below the memory bandwidth: an M=1 GEMM packs the whole weight matrix on every call,
+ * and even its GEMV streams the weights at ~24 GB/s on a 2-core x86-64 VM that reads
+ * memory at ~60 GB/s. The 211 weight products of a SmolLM2-135M decode step took 38 ms as
+ * one-row GEMMs, 22 ms as GEMVs and 13-17 ms with the kernel below; for 8 rows, 48 ms as
+ * OpenBLAS GEMMs and 14-16 ms with the kernel below. So:
+ *   - 1..THIN_ROWS rows of activations times a weight matrix stored N x K (how MLX passes
+ *     `x @ W.T`): thin_gemm below, which streams each weight row once, prefetched into L2,
+ *     against all rows (AVX2 + FMA on x86-64, checked at init; GCC's generic vectors
+ *     elsewhere), split across cores with OpenMP. Each output is summed in the same order
+ *     whatever M is, so a row's numbers do not depend on which rows share its batch;
+ *   - other single-row or single-column products (and every one when thin_gemm cannot run):
+ *     OpenBLAS's cblas_sgemv;
  *   - anything else (long prompts, column-major, small attention products): OpenBLAS.
  * backend.py compiles this file once, hands it OpenBLAS's functions, and puts it
  * first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
@@ -42,8 +43,10 @@ typedef float v8_unaligned __attribute__((vector_size(32), aligned(4), may_alias
 
 /* C[0..R) x [0..COLS) = alpha A[0..R) . B[0..COLS)^T + beta C, over K: R activation rows
    against COLS weight rows, R x COLS accumulators kept in registers (4 x 3 = 12 of AVX2's 16).
-   While it runs, the next tile's weight rows are prefetched: the weights come from memory
-   once per step, and without the prefetch the loads and the arithmetic take turns. */
+   While it runs, the next tile's weight rows are prefetched into L2 (prefetcht2), once per
+   cache line: the weights come from memory once per step, and without the prefetch the loads
+   and the arithmetic take turns. Prefetching into L1 instead (prefetcht0) filled the core's
+   few L1 miss buffers: 23 ms instead of 14-16 for an 8-row step's products. */
 #define TILE(R, COLS)                                                                              \
     VECTOR static inline __attribute__((always_inline)) void tile_##R##x##COLS(                   \
         int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,         \
@@ -55,7 +58,8 @@ typedef float v8_unaligned __attribute__((vector_size(32), aligned(4), may_alias
         for (; k + 8 <= K; k += 8) {                                                               \
             v8 w[COLS];                                                                            \
             _Pragma("GCC unroll 4") for (int c = 0; c < COLS; c++) {                               \
-                __builtin_prefetch(B + (long)(c + COLS) * ldb + k);                                \
+                if (!(k & 8)) /* once per 64-byte line, into L2 (prefetcht2) */                    \
+                    __builtin_prefetch(B + (long)(c + COLS) * ldb + k, 0, 1);                      \
                 w[c] = LOAD8(B + (long)c * ldb + k);                                               \
             }                                                                                      \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
@@ -133,6 +137,12 @@ long entropix_thin_gemm_calls(void) { return thin_calls; }
 /* C = alpha op(A) op(B) + beta C, with op(A) M x K and op(B) K x N (row-major). */
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (thin_ok && order == RowMajor && trans_a == NoTrans && trans_b == Trans && M <= THIN_ROWS &&
+        (long)N * K >= THIN_MIN_WEIGHTS) {
+        thin_gemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        thin_calls++;
+        return;
+    }
     if (order == RowMajor && K > 0 && M == 1) {
         /* c (1 x N) = a (1 x K) op(B): y = op(B)^T a. a's elements are lda apart when A is
            stored transposed (K x 1). B stored N x K (Trans) is op(B)^T itself. */
