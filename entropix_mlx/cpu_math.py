@@ -1,4 +1,4 @@
-"""exp for the CPU backend, and where it is hot: SwiGLU, softmax, logsumexp.
+"""exp for the CPU backend, and where it is hot: SwiGLU, softmax, logsumexp; and RoPE.
 
 MLX's CPU `exp` and `sigmoid` cost 15-20 ns per element on Linux x86 (scalar
 code). Over the bundled model's 30 layers that was 6 ms of an 8-row decode step
@@ -10,9 +10,15 @@ two parts, a degree-7 polynomial, 2^n put in the float's exponent bits),
 compiled so that MLX runs it as a few fused kernels: about 5 ns per element,
 within 2e-7 of the exact value (tests/test_cpu_math.py). On a GPU, and for
 other dtypes, MLX's own kernels stay.
+
+RoPE: on the CPU `mx.fast.rope` falls back to a dozen small kernels, ~110 us a
+call, twice a decode step's cost of its arithmetic. The same formula (MLX's own
+frequencies, `base ** (-2j / dims)` computed as MLX computes it) compiled is
+~55 us and bit for bit equal (tests/test_cpu_math.py).
 """
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 _LOG2E = 1.4426950408889634
@@ -52,6 +58,40 @@ def _logsumexp(x: mx.array) -> mx.array:
     finite_top = mx.where(mx.isinf(top), 0.0, top)
     out = mx.log(exp(x - finite_top).sum(axis=-1, keepdims=True)) + finite_top
     return mx.where(mx.isinf(top), top, out).squeeze(-1)     # all -inf: -inf; any +inf: inf
+
+
+@mx.compile
+def _rope(x: mx.array, offset: mx.array, inv_freq: mx.array, traditional: bool) -> mx.array:
+    positions = (offset.reshape(-1, 1) + mx.arange(x.shape[2])).astype(mx.float32)   # (B or 1, L)
+    theta = positions[..., None] * inv_freq                                           # (B or 1, L, dims/2)
+    cos, sin = mx.cos(theta)[:, None], mx.sin(theta)[:, None]                         # over the heads
+    if traditional:   # rotated pairs are neighbours: (x0, x1), (x2, x3), ...
+        pairs = x.reshape(*x.shape[:-1], -1, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        return mx.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+    half = x.shape[-1] // 2   # rotated pairs are (x_i, x_{i + dims/2})
+    x1, x2 = x[..., :half], x[..., half:]
+    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def rope(module, x: mx.array, offset) -> mx.array:
+    """`module(x, offset=offset)` for x (B, heads, L, dims) and an `nn.RoPE`
+    module; offset an int or one per row (B,)."""
+    if not (on_cpu(x) and type(module) is nn.RoPE and module.dims == x.shape[-1] and module.scale == 1.0):
+        return module(x, offset=offset)
+    inv_freq = _inverse_frequencies(module.dims, module.base)
+    offset = offset.astype(mx.int32) if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
+    return _rope(x, offset, inv_freq, module.traditional)
+
+
+_INV_FREQ: dict = {}
+
+
+def _inverse_frequencies(dims: int, base: float) -> mx.array:
+    if (dims, base) not in _INV_FREQ:   # MLX's formula, so the angles are bit for bit its own
+        _INV_FREQ[dims, base] = mx.exp(-mx.arange(dims // 2, dtype=mx.float32) * (2.0 / dims)
+                                       * mx.log(mx.array(base, dtype=mx.float32)))
+    return _INV_FREQ[dims, base]
 
 
 def on_cpu(x: mx.array) -> bool:

@@ -1,11 +1,13 @@
 """The CPU exp (Cephes' expf in MLX ops), its SwiGLU and softmax, against float64 numpy."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+import pytest
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 from entropix_mlx import cpu_math
-from entropix_mlx.cpu_math import logsumexp, softmax, swiglu
+from entropix_mlx.cpu_math import logsumexp, rope, softmax, swiglu
 
 
 def test_cpu_exp_is_within_a_float_rounding_of_the_exact_one():
@@ -64,3 +66,21 @@ def test_cpu_logsumexp_matches_the_exact_one_and_mlxs_edge_cases():
     for row in ([-np.inf, -np.inf], [1.0, np.inf], [np.nan, 1.0], [-np.inf, 3.0]):
         a = mx.array(np.array(row, dtype=np.float32))
         np.testing.assert_equal(logsumexp(a).item(), mx.logsumexp(a).item())
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+def test_cpu_rope_equals_mlxs_bit_for_bit(traditional):
+    module = nn.RoPE(64, traditional=traditional, base=100000.0)
+    rng = np.random.default_rng(4)
+    for batch, length, offset in ((1, 1, 0), (1, 1, 7), (1, 24, 31), (1, 3, 8000),
+                                  (3, 1, mx.array([0, 17, 4096])), (3, 5, mx.array([2, 0, 9]))):
+        x = mx.array(rng.normal(size=(batch, 12, length, 64)).astype(np.float32))
+        expected = module(x, offset=offset)        # mx.fast.rope
+        got = rope(module, x, offset)
+        assert mx.array_equal(got, expected).item(), (batch, length, offset)
+        if length > 1:   # (position 0 is no rotation at all)
+            assert not mx.array_equal(got, x).item()
+    # a rotation of part of each head, or scaled positions: MLX's own kernel
+    partial = nn.RoPE(32, base=10000.0)
+    x = mx.array(rng.normal(size=(1, 2, 4, 64)).astype(np.float32))
+    assert mx.array_equal(rope(partial, x, 5), partial(x, offset=5)).item()
