@@ -162,11 +162,5 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
             real_sgemv(RowMajor, Trans, K, M, alpha, A, lda, B, inc_b, beta, C, ldc);
         return;
     }
-    if (thin_ok && order == RowMajor && trans_a == NoTrans && trans_b == Trans && M <= THIN_ROWS &&
-        (long)N * K >= THIN_MIN_WEIGHTS) {
-        thin_gemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        thin_calls++;
-        return;
-    }
     real_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
