@@ -89,7 +89,8 @@ def rope(module, x: mx.array, offset) -> mx.array:
 @functools.cache
 def _inverse_frequencies(dims: int, base: float) -> mx.array:
     # MLX's formula, so the angles are bit for bit its own.
-    return mx.exp(-mx.arange(dims // 2, dtype=mx.float32) * (2.0 / dims) * mx.log(mx.array(base, dtype=mx.float32)))
+    log_base = mx.log(mx.array(base, dtype=mx.float32))
+    return mx.exp(-mx.arange(dims // 2, dtype=mx.float32) * (2.0 / dims) * log_base)
 
 
 def on_cpu(x: mx.array) -> bool:
