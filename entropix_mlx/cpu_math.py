@@ -7,7 +7,7 @@ weight products; the attention's softmax adds 2-4 ms more, and each row's
 log-probability (a logsumexp over the 49,152-token vocabulary) 0.6 ms. Here exp is Cephes'
 `expf` in MLX ops (range reduction to r in [-ln2/2, ln2/2] with ln 2 split in
 two parts, a degree-7 polynomial, 2^n put in the float's exponent bits),
-compiled so that MLX runs it as a few fused kernels: about 5 ns per element,
+compiled so that MLX runs it as a few fused kernels: about 2.6 ns per element,
 within 2e-7 of the exact value (tests/test_cpu_math.py). On a GPU, and for
 other dtypes, MLX's own kernels stay.
 
@@ -25,6 +25,10 @@ from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4    # ln 2 = hi + lo; n * hi is exact in float32
+# 1.5 * 2**23: a float32 sum with it keeps no fraction, so (v + _ROUND) - _ROUND is v
+# rounded to an integer (|v| < 2**22). MLX's CPU `floor` is a libm call per element:
+# this makes the whole exp 1.5x faster (3.9 -> 2.6 ns an element).
+_ROUND = 12582912.0
 _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
              1.6666665459e-1, 5.0000001201e-1)
 
@@ -33,7 +37,7 @@ def exp(x: mx.array) -> mx.array:
     """e^x for float32 x: 0 below -87 (where float32 runs out of normal
     numbers), e^88 above 88 (no overflow to inf), NaN for NaN."""
     clipped = mx.clip(x, -87.0, 88.0)
-    n = mx.floor(clipped * _LOG2E + 0.5)
+    n = (clipped * _LOG2E + _ROUND) - _ROUND   # the nearest integer, in two additions
     r = clipped - n * _LN2_HI - n * _LN2_LO
     p = _EXP_POLY[0]
     for c in _EXP_POLY[1:]:
