@@ -135,9 +135,9 @@ def eval_command(
 
     llm, tokenizer, source = load_model(model, weights)
 
-    def factory(name):
+    def factory(name):   # the records hold neither metrics nor greedy's log-probabilities
         return make_sampler(name, tokenizer=tokenizer, model_name=source.name,
-                            config=config if name == "entropix" else None, metrics=False)
+                            config=config if name == "entropix" else None, metrics=False, logprobs=False)
 
     common = dict(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
                   model_name=source.name)

@@ -17,12 +17,14 @@ def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = 
     """Build a sampler by name.
 
     Baselines take `overrides` temperature, top_p, top_k, min_p and `metrics`
-    (False: skip the metrics). "entropix" takes `config` (None: the model's
-    card if `model_name` has one, else the reference preset; a preset name; a
-    .toml path; or a SamplerConfig) and any SamplerConfig field as an override;
-    it needs the tokenizer to resolve its thinking text. None values are ignored.
+    (False: skip the metrics); greedy also `logprobs` (False: skip them too).
+    "entropix" takes `config` (None: the model's card if `model_name` has one,
+    else the reference preset; a preset name; a .toml path; or a SamplerConfig)
+    and any SamplerConfig field as an override; it needs the tokenizer to
+    resolve its thinking text. None values are ignored.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    logprobs = overrides.pop("logprobs", True)   # only greedy can do without: the others sample with them
     if name == "deliberate":   # greedy branches: settings from [deliberate], overrides such as budget
         from .deliberate import BranchSampler
         from .deliberate_config import resolve_deliberate
@@ -35,7 +37,7 @@ def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = 
         cfg, source = resolve_config(model_name, config, **overrides)
         return EntropixSampler(cfg, tokenizer, source)
     if name == "greedy":
-        return GreedySampler(overrides.get("metrics", True))
+        return GreedySampler(overrides.get("metrics", True), logprobs)
     if name in BASELINES:
         try:
             return BASELINES[name](**overrides)

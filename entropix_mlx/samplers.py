@@ -5,6 +5,7 @@ to append (usually one; a thinking insertion or an accepted branch may give
 several), the strategy that chose them and the parameters actually used.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -152,23 +153,41 @@ def _finish(plan: dict) -> tuple[int, float, dict, str]:
 
 class GreedySampler(TwoPhaseSampler):
     """The most likely token. `metrics=False` skips the six Entropix metrics
-    (to time the bare engine)."""
+    (to time the bare engine); `logprobs=False` also skips the token's
+    log-probability (None in the Choice), for callers that never read it (eval's
+    accuracy runs): a greedy decision is then an argmax, not the three passes
+    over the vocabulary of a log-sum-exp."""
 
     name = "greedy"
     GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
 
-    def __init__(self, metrics: bool = True):
+    def __init__(self, metrics: bool = True, logprobs: bool = True):
         self.metrics = metrics
+        self.logprobs = logprobs or metrics
 
     def reset(self):
         pass
 
     def plan(self, step: Step, key: mx.array) -> dict:
+        if not self.logprobs:
+            # The argmax of the raw logits is the sanitized one's when none is NaN
+            # or infinite, which their largest value and their sum tell.
+            logits = step.logits.astype(mx.float32)
+            return {"token": mx.argmax(logits), "check": mx.stack([logits.max(), logits.sum()])}
         logits, code = sanitize_logits(step.logits)
         token = mx.argmax(logits)
         return _plan(token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
 
     def finish(self, step: Step, plan: dict) -> Choice:
+        if "check" in plan:
+            if all(math.isfinite(v) for v in plan["check"].tolist()):
+                return Choice([plan["token"].item()], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS))
+            logits, code = sanitize_logits(step.logits)   # rare: the full path, one more host sync
+            token = mx.argmax(logits)
+            plan = _plan(token, mx.array(0.0), {}, code)
+            mx.eval(plan)
+            token, _, metrics, note = _finish(plan)
+            return Choice([token], "argmax", [None], metrics, params=dict(self.GREEDY_PARAMS), note=note)
         token, logprob, metrics, note = _finish(plan)
         return Choice([token], "argmax", [logprob], metrics, params=dict(self.GREEDY_PARAMS), note=note)
 

@@ -94,6 +94,26 @@ def test_samplers_always_return_a_valid_token(case):
         assert choice.note, f"{kind} logits were not recorded"
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_greedy_without_logprobs_chooses_what_the_full_path_chooses(case):
+    """The argmax-only greedy (eval's) must pick the sanitized argmax and say
+    what it repaired, whatever the logits: NaN, infinities, all masked, huge."""
+    seed, logits, scores, _, _, kind = case
+    step = Step(mx.array(logits), [mx.array(s) for s in scores], tokens=[])
+    full = make_sampler("greedy", metrics=False).choose(step, mx.random.key(seed))
+    bare = make_sampler("greedy", metrics=False, logprobs=False).choose(step, mx.random.key(seed))
+    assert bare.tokens == full.tokens and bare.note == full.note, kind
+    assert bare.logprobs == [None] and bare.metrics == {}
+    assert bare.params == full.params and bare.strategy == full.strategy
+
+
+def test_greedy_keeps_its_logprobs_when_it_computes_metrics():
+    sampler = make_sampler("greedy", logprobs=False)   # metrics on: the log-probability comes with them
+    choice = sampler.choose(Step(mx.array([0.0, 2.0, 1.0]), [mx.zeros((1, 2))], []), mx.random.key(0))
+    assert choice.tokens == [1] and choice.logprobs[0] == pytest.approx(2.0 - np.log(1 + np.e**2 + np.e))
+
+
 @pytest.mark.parametrize("name", ["greedy", "temperature", "min_p", "entropix"])
 class TestEdgeLogits:
     """Each edge case of issue 7, for every sampler, with the exact expected outcome."""

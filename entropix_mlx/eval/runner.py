@@ -139,10 +139,12 @@ class ResultStore:
 
 
 def default_sampler_factory(tokenizer, config: EvalConfig) -> Callable:
-    """`make_sampler(name)` with the model's card, metrics off for baselines."""
+    """`make_sampler(name)` with the model's card, metrics off for baselines, and
+    greedy's log-probabilities too: the records never hold them."""
     from ..sampler_registry import make_sampler
 
-    return lambda name: make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
+    return lambda name: make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False,
+                                     logprobs=False)
 
 
 def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], runs, progress=None):
