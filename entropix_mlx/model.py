@@ -156,8 +156,15 @@ class Model(nn.Module):
             mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
         h = self.model.embed_tokens(tokens)
         scores = [[] for _ in segments]
+        # On the CPU, building a decode step's graph in Python takes ~4 ms of a ~35 ms
+        # step, and MLX's thread waited for all of it. Handed over two layers at a time,
+        # the layers built so far are computed meanwhile: a greedy batch-1 decode went
+        # from 23.8 to 26.6 tok/s (six interleaved runs each). The GPU keeps one graph.
+        pipelined = on_cpu(h)
         for i, layer in enumerate(self.layers):
             h, layer_scores = layer(h, segments, masks, i)
+            if pipelined and i % 2:
+                mx.async_eval(h)
             for mine, s in zip(scores, layer_scores):
                 mine.append(s)
         if last_only:
