@@ -115,10 +115,8 @@ class _RowScores(Sequence):
         self._scores, self._row, self._pad, self._prefix = scores, row, pad, prefix
         self._cut = {}
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = range(len(self))[i]
+    def __getitem__(self, i: int):
+        i = range(len(self))[i]   # negative indices as a list's; IndexError past the end
         if i not in self._cut:
             self._cut[i] = visible_columns(self._scores[i][self._row], self._pad, self._prefix)
         return self._cut[i]

@@ -180,14 +180,14 @@ class GreedySampler(TwoPhaseSampler):
 
     def finish(self, step: Step, plan: dict) -> Choice:
         if "check" in plan:
-            if all(math.isfinite(v) for v in plan["check"].tolist()):
-                return Choice([plan["token"].item()], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS))
-            logits, code = sanitize_logits(step.logits)   # rare: the full path, one more host sync
-            token = mx.argmax(logits)
-            plan = _plan(token, mx.array(0.0), {}, code)
-            mx.eval(plan)
-            token, _, metrics, note = _finish(plan)
-            return Choice([token], "argmax", [None], metrics, params=dict(self.GREEDY_PARAMS), note=note)
+            token, note = plan["token"], ""
+            if not all(math.isfinite(v) for v in plan["check"].tolist()):
+                # Rare: NaN or infinite logits take the sanitized argmax, one more host sync.
+                logits, code = sanitize_logits(step.logits)
+                token = mx.argmax(logits)
+                mx.eval(token, code)
+                note = LOGIT_NOTES[code.item()]
+            return Choice([token.item()], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS), note=note)
         token, logprob, metrics, note = _finish(plan)
         return Choice([token], "argmax", [logprob], metrics, params=dict(self.GREEDY_PARAMS), note=note)
 
