@@ -150,10 +150,12 @@ def _load_shim(openblas) -> tuple[str | None, str]:
     path, why = _build_shim()
     if path is None:
         return None, why
+    set_threads = getattr(openblas, "openblas_set_num_threads", None)   # the shim's OpenMP threads replace them
     global _shim_library
     try:
         shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-        if not shim.entropix_blas_shim_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p)):
+        if not shim.entropix_blas_shim_init(ctypes.cast(sgemm, ctypes.c_void_p), ctypes.cast(sgemv, ctypes.c_void_p),
+                                            ctypes.cast(set_threads, ctypes.c_void_p) if set_threads else None):
             return None, "the shim did not get OpenBLAS's functions"
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # first in the global scope: MLX's cblas_sgemm is the shim's
     except (OSError, AttributeError) as e:

@@ -14,10 +14,15 @@
  *     whatever M is, so a row's numbers do not depend on which rows share its batch;
  *   - other single-row or single-column products (and every one when thin_gemm cannot run):
  *     OpenBLAS's cblas_sgemv;
- *   - anything else (long prompts, column-major, small attention products): OpenBLAS.
+ *   - anything else (long prompts, column-major, small attention products): OpenBLAS, on one
+ *     thread, the big products split over the same OpenMP threads (split_sgemm).
  * backend.py compiles this file once, hands it OpenBLAS's functions, and puts it
  * first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
  */
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
 /* Up to 64 rows: a joining prompt's ~20-35 tokens riding with 7 decode rows (batch.py) make
    33-64. The 210 layer products of SmolLM2-135M at 33/41/52/64 rows: 53/63/75/90 ms here
@@ -32,6 +37,7 @@ typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const fl
 static sgemm_fn real_sgemm;
 static sgemv_fn real_sgemv;
 static int thin_ok;   /* thin_gemm runs: built with OpenMP, on a CPU with its instructions */
+static int own_threads;   /* OpenBLAS runs on one thread; split_sgemm spreads the big products */
 static long thin_calls;
 
 #if defined(__x86_64__)
@@ -119,7 +125,14 @@ static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda,
     }
 }
 
-int entropix_blas_shim_init(void *sgemm, void *sgemv) {
+/* OpenBLAS's own threads are turned off (`set_threads`, its openblas_set_num_threads, called
+   with 1) where the shim has OpenMP: two thread pools on few cores take turns badly. OpenBLAS
+   splits any product above 262,144 multiply-adds over its threads, also a prompt's tiny
+   attention products (3 x 30 queries against 54 keys of one head): a pass of a 30-token prompt
+   took 96-130 ms with them split, 79-81 ms without, its 30 weight products' OpenMP workers
+   spinning while OpenBLAS's threads woke. The products worth splitting are split here instead,
+   on the same OpenMP threads (split_sgemm). */
+int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
     real_sgemm = (sgemm_fn)sgemm;
     real_sgemv = (sgemv_fn)sgemv;
 #if defined(ENTROPIX_NO_THREADS)
@@ -130,12 +143,46 @@ int entropix_blas_shim_init(void *sgemm, void *sgemv) {
 #else
     thin_ok = 1;
 #endif
+#if defined(_OPENMP)
+    if (set_threads) {
+        ((void (*)(int))set_threads)(1);
+        own_threads = 1;
+    }
+#endif
     return real_sgemm != 0 && real_sgemv != 0;
 }
 
 /* 1 when thin_gemm takes 2..THIN_ROWS-row products (for the header); how many it took (tests). */
 int entropix_thin_gemm_active(void) { return thin_ok; }
 long entropix_thin_gemm_calls(void) { return thin_calls; }
+
+/* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per
+   OpenMP thread, on a share of C's columns (or rows, when it has more rows than columns). */
+enum { SPLIT_MACS = 1 << 21 };
+static void split_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                        const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+#if defined(_OPENMP)
+    if (own_threads && order == RowMajor && (double)M * N * K >= SPLIT_MACS) {
+        int by_columns = N >= M;
+#pragma omp parallel
+        {
+            int threads = omp_get_num_threads(), t = omp_get_thread_num();
+            int size = by_columns ? N : M;
+            int share = ((size + threads - 1) / threads + 15) / 16 * 16;   /* whole cache lines of C */
+            int lo = t * share, hi = lo + share < size ? lo + share : size;
+            if (lo < hi && by_columns)
+                real_sgemm(order, trans_a, trans_b, M, hi - lo, K, alpha, A, lda,
+                           trans_b == NoTrans ? B + lo : B + (long)lo * ldb, ldb, beta, C + lo, ldc);
+            else if (lo < hi)
+                real_sgemm(order, trans_a, trans_b, hi - lo, N, K, alpha,
+                           trans_a == NoTrans ? A + (long)lo * lda : A + lo, lda, B, ldb, beta,
+                           C + (long)lo * ldc, ldc);
+        }
+        return;
+    }
+#endif
+    real_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 /* C = alpha op(A) op(B) + beta C, with op(A) M x K and op(B) K x N (row-major). */
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
@@ -165,5 +212,5 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
             real_sgemv(RowMajor, Trans, K, M, alpha, A, lda, B, inc_b, beta, C, ldc);
         return;
     }
-    real_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    split_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -40,15 +40,17 @@ def _openblas_present() -> bool:
 
 
 # Every layout the shim rewrites (one row or one column, either operand stored
-# transposed; 2-32 rows times a weight stored N x K, with remainders of every
-# tile size) and ones it passes on, checked against float64 NumPy; a wrong
-# stride, transpose flag or tile edge in blas_shim.c gives numbers far off, not rounding.
+# transposed; 2-64 rows times a weight stored N x K, with remainders of every
+# tile size; big products split over threads by columns or by rows, in shares
+# with remainders) and ones it passes on, checked against float64 NumPy; a wrong
+# stride, transpose flag, tile edge or share in blas_shim.c gives numbers far off, not rounding.
 _LAYOUT_CHECK = """
 import numpy as np, mlx.core as mx
 rng = np.random.default_rng(0)
 worst = 0.0
 for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11),
-                (2, 301, 67), (7, 577, 40), (8, 1536, 576), (32, 130, 136), (33, 200, 100)]:
+                (2, 301, 67), (7, 577, 40), (8, 1536, 576), (32, 130, 136), (33, 200, 100),
+                (64, 130, 136), (65, 2001, 17), (70, 1536, 576), (301, 257, 33), (600, 40, 300)]:
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     for A in (mx.array(a), mx.array(np.ascontiguousarray(a.T)).T):
         for B in (mx.array(b), mx.array(np.ascontiguousarray(b.T)).T):
@@ -58,6 +60,13 @@ for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11),
     worst = max(worst, float(np.abs(got - (0.5 * a.astype(np.float64) @ b + 2.0 * c)).max()))
 assert worst < 1e-3, worst
 """
+
+
+# With the shim's OpenMP kernel, OpenBLAS runs on one thread (the shim splits the big
+# products over its own threads); without it, OpenBLAS keeps its threads (2, set below).
+_THREADS_CHECK = ("import ctypes; i = b.blas_info(); "
+                  "n = ctypes.CDLL(i['path']).openblas_get_num_threads(); "
+                  "assert n == (1 if i['thin_gemm'] else 2), n; ")
 
 
 def test_matmuls_are_exact_through_whatever_blas_runs():
@@ -71,8 +80,8 @@ def test_shim_is_built_cached_and_exact(tmp_path):
 
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on this machine")
-    env = {"XDG_CACHE_HOME": str(tmp_path)}
-    info = _blas_in_subprocess(None, env_extra=env, after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
+    env = {"XDG_CACHE_HOME": str(tmp_path), "OPENBLAS_NUM_THREADS": "2"}
+    info = _blas_in_subprocess(None, env_extra=env, after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK)
     assert info["name"] == "OpenBLAS" and info["shim"] and info["shim_reason"] == ""
     assert info["shim"].startswith(str(tmp_path / "entropix-mlx"))
     # The second process finds the cached library and compiles nothing (no compiler needed).
@@ -99,8 +108,9 @@ def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_p
     no_openmp = tmp_path / "cc-without-openmp"
     no_openmp.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) exit 1;; esac\nexec {cc} "$@"\n')
     no_openmp.chmod(0o755)
-    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp)},
-                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
+    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp),
+                                                "OPENBLAS_NUM_THREADS": "2"},
+                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK)
     assert info["shim"] and info["shim_reason"] == "" and info["thin_gemm"] is False
 
 
