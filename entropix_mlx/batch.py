@@ -9,11 +9,14 @@ unbatched `generate` runs token for token (tests/test_batch.py).
 The cache is mlx-lm's `BatchKVCache` (`RowsKVCache`): a per-row left padding and a per-row
 offset (the RoPE position), so each row's real tokens sit at positions 0, 1, ...
 exactly as in an unbatched run, and its `make_mask` hides the padding from every
-query. Continuous batching: a finished row leaves the batch (`filter`) and a
-waiting prompt takes its place (`merge` + `extend`), so a batch never idles on
-its longest answer. The prompt is not prefilled in a pass of its own: its tokens
-ride along in the rows' next forward pass (`Model.packed`, one set of weight
-products for all of them), into a batch-1 cache that then joins the batch.
+query. Continuous batching: a waiting prompt takes a finished row's place, so a
+batch never idles on its longest answer. The prompt is not prefilled in a pass
+of its own: its tokens ride along in the rows' next forward pass (`Model.packed`,
+one set of weight products for all of them), into a batch-1 cache that is then
+written into the finished row's slot (`RowsKVCache.place`; the finished row rides
+that pass too, its output dropped). Where that cannot be (the prompt is longer
+than the batch, rows branched), the row leaves the batch (`filter`) and the
+prompt joins it (`merge` + `extend`), each a copy of the whole batch.
 
 Samplers that run the model themselves (Entropix's branch rollouts and thinking
 insertion) get the model and a batch-1 cache of their row (`_RowCache`, built
@@ -230,6 +233,7 @@ class _Group:
         self.cache = None      # per layer, a BatchKVCache over self.rows
         self.branch_sampler = branch_sampler   # makes the sampler of each spawned row
         self.numbers = None    # shared counter of row numbers
+        self.arrivals = []     # (row, batch-1 cache): joiners to write into the slots they took
 
 
 def _joiner_cache(model, prefix_cache):
@@ -257,10 +261,19 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
     freed slots) join the batch, and spawned rows enter on a copy of their
     parent's batch row. Returns the rows that finished."""
     cache, context = group.cache, model.args.max_position_embeddings
+    for slot, joined in group.arrivals:   # the last pass's joiners into the slots they took
+        for c, layer in zip(cache, joined):
+            c.place(slot, layer)
+    group.arrivals = []
     if cache is not None:
         pads = cache[0].left_padding.tolist()
+        shared = min(pads)
+        if shared > 0:   # padding every row has (left by joiners that took slots) is dropped
+            for c in cache:
+                c.drop_padding(shared)
+            pads = [p - shared for p in pads]
         length = cache[0].keys_and_values()[0].shape[2]
-    tokens, keep, rejoin, done, spawned, sources = [], [], [], [], [], []
+    fed, keep, rejoin, done, spawned, sources, freed = {}, [], [], [], [], [], []
     row_caches = [_RowCache(cache, i, pads[i], length, context) if cache is not None else None
                   for i in range(len(group.rows))]
     # Every row's decision in one host sync (samplers.choose_together).
@@ -273,10 +286,11 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         row_cache = row_caches[i]
         token = row.step(eos, choices.get(i))
         if token is not None:
-            tokens.append(token)
+            fed[i] = token
             keep.append(i)
         elif row.finished:
             done.append(row)
+            freed.append(i)
             if row.result.parent is None:   # a spawned row's sampler is not a batch slot's
                 group.free.append(row.sampler)
             keep_cache = getattr(group, "keep_cache", None)   # the server keeps a finished row's cache
@@ -292,7 +306,6 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
             else:
                 spawned.append(child)
                 sources.append(i)
-    tokens += [c.result.tokens[-1] for c in spawned]
 
     # Waiting requests take the freed slots. Their prompts ride along in the
     # rows' forward pass: the weight products run once over all its tokens, so
@@ -302,11 +315,23 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         index, request = pending.popleft()
         joiners.append(_Row(index, request, group.free.pop(), next(group.numbers)))
     riding = [row for row in joiners if len(row.request.prompt) - prefix_len <= SINGLE_PASS_TOKENS]
+    # A riding prompt that fits the batch's length takes a finished row's place:
+    # the row stays in this pass (fed a token whose output is dropped) and the
+    # prompt's cache is written into its slot before the next pass, rather than
+    # the whole batch being copied twice (`filter` without the row, `extend`
+    # with the prompt).
+    slots = {}
+    if keep and not spawned and not share_prefix:
+        fitting = [row for row in riding if len(row.request.prompt) <= length + 1]
+        slots = dict(zip(freed, fitting))
+    placed = list(slots.values())
+    order = sorted([*keep, *slots])
+    tokens = [fed.get(i, 0) for i in order] + [c.result.tokens[-1] for c in spawned]
 
     with mx.stream(group.stream):
         outputs, segments = [], []
         if keep or spawned:
-            rows = keep + sources
+            rows = order + sources
             if rows != list(range(len(group.rows))):
                 for c in cache:
                     c.filter(mx.array(rows))   # a repeated row is a copy: the spawned row's own cache
@@ -323,14 +348,20 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         if keep or spawned:
             logits, scores = passed.pop(0)
             outputs += [logits, scores]
-        group.rows = [group.rows[i] for i in keep] + spawned
+        group.rows = [slots.get(i, group.rows[i]) for i in order] + spawned
         prefix = getattr(cache[0], "prefix_len", 0) if cache is not None else 0
         for i, row in enumerate(group.rows):
             row.logits, row.scores = logits[i, -1], _RowScores(scores, i, pads[i], prefix)
         for row, (row_logits, row_scores) in zip(riding, passed):
             row.logits, row.scores = row_logits[0, -1], [s[0] for s in row_scores]
+        group.arrivals = [(order.index(i), row.own_cache) for i, row in slots.items()]
+        outputs += [(row.logits, row.scores) for row in placed]
+        for row in placed:
+            row.own_cache = None
 
         for row in joiners:
+            if row in placed:
+                continue
             if row.own_cache is None:
                 _prefill_row(model, row, prefix_cache, prefix_len)
             rejoin.append(row)

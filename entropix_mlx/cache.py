@@ -116,6 +116,30 @@ class RowsKVCache(BatchKVCache):
 
     step = 64
 
+    def place(self, row: int, other: KVCache) -> None:
+        """Row `row` becomes the positions of the batch-1 cache `other`, right-aligned
+        at the batch's end (they must fit: `other.offset <= self._idx`); what the row
+        held before them becomes left padding. A joining request takes a finished
+        row's slot this way: two small writes per layer into a buffer nothing else
+        holds (MLX does them in place), where `filter` and `extend` copy the whole
+        batch."""
+        n = other.offset
+        start = self._idx - n
+        if start < 0:
+            raise ValueError(f"a cache of {n} positions does not fit a batch of {self._idx}")
+        self.keys[row:row + 1, :, start:self._idx, :] = other.keys[..., :n, :]
+        self.values[row:row + 1, :, start:self._idx, :] = other.values[..., :n, :]
+        hit = mx.arange(self.left_padding.size) == row
+        self.left_padding = mx.where(hit, start, self.left_padding)
+        self.offset = mx.where(hit, n, self.offset)
+
+    def drop_padding(self, n: int) -> None:
+        """Forget the first n positions, padding in every row (as `filter` does after
+        choosing its rows): a view of the same buffer, nothing is copied."""
+        self.keys, self.values = self.keys[..., n:, :], self.values[..., n:, :]
+        self._idx -= n
+        self.left_padding = self.left_padding - n
+
 
 class SharedPrefixBatchCache(RowsKVCache):
     """mlx-lm's BatchKVCache for rows that all start with one prefix, stored once.

@@ -204,3 +204,35 @@ def test_fork_cache_list_forks_every_layer(tiny_model):
     tiny_model(mx.array([[4, 5]]), forked)
     assert cache_length(forked) == 5 and cache_length(cache) == 3
     assert all(f.max_size == c.max_size for f, c in zip(forked, cache))
+
+
+def test_a_joining_cache_takes_a_rows_slot_in_place_and_shared_padding_is_dropped():
+    """`RowsKVCache.place`: a batch-1 cache becomes one row's last positions, the
+    rest of that row padding; the other rows keep their keys. `drop_padding`
+    forgets columns every row pads, moving nobody's real keys."""
+    from entropix_mlx.cache import RowsKVCache
+
+    batch = RowsKVCache([1, 0, 2])
+    k, v = kv(5)
+    batch.update_and_fetch(mx.concatenate([k, k + 100, k + 200]), mx.concatenate([v, v - 100, v - 200]))
+    joiner = KVCache()
+    joiner.update_and_fetch(*kv(3, start=50))
+    batch.place(1, joiner)
+
+    keys, values = batch.keys_and_values()
+    assert batch.left_padding.tolist() == [1, 2, 2] and batch.offset.tolist() == [4, 3, 3]
+    assert np.array(keys[1, 0, 2:, 0]).tolist() == [50, 51, 52]     # the joiner's, right-aligned
+    assert mx.array_equal(values[1, :, 2:], -keys[1, :, 2:])
+    assert np.array(keys[0, 0, 1:, 0]).tolist() == [1, 2, 3, 4]   # other rows untouched
+    assert np.array(keys[2, 0, 2:, 0]).tolist() == [202, 203, 204]
+
+    batch.drop_padding(1)
+    keys, _ = batch.keys_and_values()
+    assert batch.left_padding.tolist() == [0, 1, 1] and keys.shape[2] == 4
+    assert np.array(keys[1, 0, 1:, 0]).tolist() == [50, 51, 52]
+    assert np.array(keys[2, 0, 1:, 0]).tolist() == [202, 203, 204]   # its padding was 2
+
+    too_long = KVCache()
+    too_long.update_and_fetch(*kv(5))
+    with pytest.raises(ValueError, match="does not fit"):
+        batch.place(0, too_long)
