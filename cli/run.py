@@ -27,7 +27,7 @@ from entropix_mlx.sampler_registry import SAMPLER_NAMES, make_sampler
 
 from . import render
 from .deliberation import deliberation_progress
-from .signals import exit_code
+from .signals import deferred, exit_code
 
 DEFAULT_SEED = 0   # a fixed default: the same command gives the same answer; pass --seed to vary it
 
@@ -275,7 +275,16 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
                   f"the answer stops after {room} tokens", style=render.META_STYLE)
     generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed)
 
-    code = 0
+    def show(event):
+        if recorder is not None:
+            recorder.add(event)
+        if json_lines:
+            sys.stdout.write(json_line(event.to_dict()))
+            sys.stdout.flush()
+        else:
+            render.write_token(out, event.text, event.strategy, color)
+
+    code, shown = 0, 0
     try:
         try:
             if not json_lines:
@@ -285,16 +294,16 @@ def run(prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it fro
                 if hasattr(generation, "on_row"):   # deliberate: show the branches as they finish
                     generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:
-                if recorder is not None:
-                    recorder.add(event)
-                if json_lines:
-                    sys.stdout.write(json_line(event.to_dict()))
-                    sys.stdout.flush()
-                else:
-                    render.write_token(out, event.text, event.strategy, color)
+                with deferred():
+                    show(event)
+                    shown += 1
         except KeyboardInterrupt as interrupt:   # Ctrl-C or SIGTERM, in prefill or decode
             generation.finish_reason = "interrupted"
             code = exit_code(interrupt)
+            # A token the signal caught between being generated and being shown is
+            # shown now: the summary counts it, and nothing generated is lost.
+            for event in generation.events[shown:]:
+                show(event)
         except ContextOverflowError:   # a branch rollout looked past the end of the context
             generation.finish_reason = "context"
         if generation.finish_reason == "length" and max_tokens > room:

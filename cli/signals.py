@@ -40,3 +40,19 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def deferred():
+    """Ctrl-C and SIGTERM wait until the block is done (they are delivered right
+    after it): e.g. a token's line written and counted as written, never one
+    without the other."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:   # no POSIX signal masks: as before
+        yield
+        return
+    blocked = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, blocked)

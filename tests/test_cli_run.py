@@ -172,6 +172,42 @@ def test_ctrl_c_during_an_answer_returns_to_the_prompt(tiny_ref, monkeypatch):
     assert "turns: 2" in out
 
 
+def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, monkeypatch):
+    """Ctrl-C after the generator counted its second token but before `run` wrote
+    it: the token is written before the summary, which counts exactly the lines."""
+    from entropix_mlx.generate import Generation
+
+    class SignalAfterCounting(Generation):
+        def __iter__(self):
+            for i, event in enumerate(super().__iter__()):
+                if i == 1:   # in .tokens and .events, not yet handed out
+                    raise KeyboardInterrupt
+                yield event
+
+    monkeypatch.setattr(run_cmd, "generate", lambda *a, **k: SignalAfterCounting(*a, **k))
+    code, out, err = invoke("run", "-m", tiny_ref, "--json", "--raw", "--sampler", "greedy", "--max-tokens", "5", "hi")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 130, err
+    assert records[-1]["summary"]["finish_reason"] == "interrupted"
+    assert records[-1]["summary"]["tokens"] == len(records) - 1 == 2
+
+
+def test_a_signal_waits_for_the_end_of_a_deferred_block():
+    """`deferred()`: Ctrl-C inside the block (a token's line being written and
+    counted) is raised right after it, never between the two."""
+    import os
+
+    from entropix_mlx.cli.signals import deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("written")
+            done.append("counted")
+    assert done == ["written", "counted"]
+
+
 # -- the real bundled model ----------------------------------------------------
 
 def json_run(*args, input=None):
