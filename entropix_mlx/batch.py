@@ -322,7 +322,10 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
     # with the prompt).
     slots = {}
     if keep and not spawned and not share_prefix:
-        fitting = [row for row in riding if len(row.request.prompt) <= length + 1]
+        # `filter` (rows that finished without a taker leave) drops the padding all
+        # remaining rows share, so the batch may shrink by up to the kept rows' least.
+        room = length - min(pads[i] for i in keep) + 1
+        fitting = [row for row in riding if len(row.request.prompt) <= room]
         slots = dict(zip(freed, fitting))
     placed = list(slots.values())
     order = sorted([*keep, *slots])
