@@ -9,7 +9,7 @@ import typer
 
 from entropix_mlx.errors import EntropixError
 
-from .signals import exit_code, sigterm_raises
+from .signals import exit_code, interrupts_raise
 
 try:  # recent Typer vendors its own copy of Click
     from typer._click.exceptions import ClickException, UsageError
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None):
     ours (EntropixError) and Click's usage errors alike, which Typer would
     otherwise draw as a multi-line box. Ctrl-C exits 130, SIGTERM 143."""
     try:
-        with sigterm_raises():
+        with interrupts_raise():
             code = app(args=argv, standalone_mode=False)
     except EntropixError as e:
         fail(str(e))

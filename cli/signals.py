@@ -15,11 +15,21 @@ class Terminated(KeyboardInterrupt):
 # Typer turns a KeyboardInterrupt escaping a command into exit code 130 and
 # drops the exception, so the handler also leaves a mark for cli.app.main.
 received = {"sigterm": False}
+# A signal that arrives inside deferred() waits here until the block is done.
+_held = {"deferring": False, "signum": None}
 
 
-def _raise_terminated(signum, frame):
-    received["sigterm"] = True
-    raise Terminated()
+def _raise(signum):
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _interrupt(signum, frame):
+    if signum == signal.SIGTERM:
+        received["sigterm"] = True
+    if _held["deferring"]:
+        _held["signum"] = _held["signum"] or signum
+        return
+    _raise(signum)
 
 
 def exit_code(interrupt: BaseException | None = None) -> int:
@@ -27,32 +37,38 @@ def exit_code(interrupt: BaseException | None = None) -> int:
 
 
 @contextmanager
-def sigterm_raises():
-    """While inside: SIGTERM raises Terminated (in the main thread only, where
-    Python delivers signals; elsewhere nothing changes)."""
+def interrupts_raise():
+    """While inside: Ctrl-C raises KeyboardInterrupt and SIGTERM raises
+    Terminated, both unless inside deferred(). Python runs signal handlers in
+    the main thread only; elsewhere nothing changes. A signal the process was
+    started ignoring (nohup, a background job) stays ignored."""
     received["sigterm"] = False
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _interrupt)
     except ValueError:   # not the main thread
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager
 def deferred():
-    """Ctrl-C and SIGTERM wait until the block is done (they are delivered right
-    after it): e.g. a token's line written and counted as written, never one
-    without the other."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:   # no POSIX signal masks: as before
-        yield
-        return
-    blocked = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Ctrl-C and SIGTERM wait until the block is done and are raised right
+    after it: e.g. a token's line written and counted as written, never one
+    without the other. It is the handler that waits, not the signal: one that
+    reached the process just before the block, whose handler Python runs
+    inside it, waits too (a signal mask could not hold that one back)."""
+    _held["deferring"] = True
     try:
         yield
     finally:
-        mask(signal.SIG_SETMASK, blocked)
+        _held["deferring"] = False
+        signum, _held["signum"] = _held["signum"], None
+        if signum is not None:
+            _raise(signum)

@@ -101,7 +101,7 @@ class DeliberateGeneration:
         d = self.deliberation
         spent = d.tokens_spent if d else self._spent
         return DeliberateSummary(
-            tokens=len(self.tokens), prompt_tokens=len(self.prompt_tokens),
+            tokens=len(self.events), prompt_tokens=len(self.prompt_tokens),   # as Generation.summary
             strategy_counts=dict(Counter(e.strategy for e in self.events)), thinking_insertions=0,
             prompt_tps=0.0, generation_tps=spent / self._gen_time if self._gen_time else 0.0,
             peak_memory_gb=mx.get_peak_memory() / 1e9, finish_reason=self.finish_reason,

@@ -152,7 +152,9 @@ class Generation:
         strategies = Counter(e.strategy for e in self.events)
         gen_time = self._gen_time
         return Summary(
-            tokens=len(self.tokens),
+            # The tokens handed out as events: one an interrupt caught between
+            # joining the answer and becoming an event was never shown.
+            tokens=len(self.events),
             prompt_tokens=len(self.prompt_tokens),
             strategy_counts=dict(strategies),
             thinking_insertions=self.thinking_insertions,

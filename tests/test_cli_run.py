@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,22 @@ def one_error_line(stderr: str) -> str:
 
 def cli_command():
     return [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()"]
+
+
+def rest_of(proc, timeout=120):
+    """Everything `proc` writes from now until it exits: (stdout, stderr).
+    Unlike communicate(), which reads the pipes' file descriptors, it keeps
+    what an earlier readline() had already read ahead into the text buffer
+    (communicate() loses those lines). A process still running after
+    `timeout` seconds is killed, and its exit code says so."""
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return out, err
 
 
 # -- errors a user can provoke: one line, exit 2 ------------------------------
@@ -192,20 +209,56 @@ def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, mon
     assert records[-1]["summary"]["tokens"] == len(records) - 1 == 2
 
 
-def test_a_signal_waits_for_the_end_of_a_deferred_block():
-    """`deferred()`: Ctrl-C inside the block (a token's line being written and
-    counted) is raised right after it, never between the two."""
+def test_a_token_caught_before_its_event_exists_is_not_counted(tiny_ref, monkeypatch):
+    """Ctrl-C after the second token joined the answer but before its event
+    existed (here: while the event is being made): it was never shown, so the
+    summary counts one token, the one line written."""
+    from entropix_mlx import generate as generation_module
+
+    made = []
+
+    def event_then_interrupt(*args):
+        made.append(args)
+        if len(made) == 2:
+            raise KeyboardInterrupt
+        return TokenEvent(*args)
+
+    TokenEvent = generation_module.TokenEvent
+    monkeypatch.setattr(generation_module, "TokenEvent", event_then_interrupt)
+    code, out, err = invoke("run", "-m", tiny_ref, "--json", "--raw", "--sampler", "greedy", "--max-tokens", "5", "hi")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 130, err
+    assert records[-1]["summary"]["tokens"] == len(records) - 1 == 1
+
+
+@pytest.mark.parametrize("send", ["os.kill", "interrupt_main"])
+@pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, "Terminated")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_waits_for_the_end_of_a_deferred_block(send, sig, raised):
+    """`deferred()`: Ctrl-C or SIGTERM inside the block (a token's line being
+    written and counted) is raised right after it, never between the two.
+    `interrupt_main` is a signal whose handler is already pending when the
+    block starts (it arrived just before): Python runs that handler inside the
+    block, where blocking the signal itself could not stop it."""
+    import _thread
     import os
 
-    from entropix_mlx.cli.signals import deferred
+    from entropix_mlx.cli import signals
 
+    raised = signals.Terminated if raised == "Terminated" else raised
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with deferred():
-            os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(raised), signals.interrupts_raise():
+        with signals.deferred():
+            if send == "os.kill":
+                os.kill(os.getpid(), sig)
+            else:
+                _thread.interrupt_main(sig)
             done.append("written")
+            sum(range(1000))   # bytecodes, calls: points where Python runs a pending handler
             done.append("counted")
+        done.append("after the block")
     assert done == ["written", "counted"]
+    assert signals.exit_code() == (143 if sig == signal.SIGTERM else 130)
 
 
 # -- the real bundled model ----------------------------------------------------
@@ -305,7 +358,7 @@ def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = json.loads(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
+    rest, err = rest_of(proc)
     records = [first] + [json.loads(line) for line in rest.splitlines()]
     summary = records[-1]["summary"]
     assert proc.returncode == 130, err

@@ -19,7 +19,7 @@ from entropix_mlx.chat import Conversation
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.generate import generate
 from entropix_mlx.samplers import Choice, GreedySampler
-from test_cli_run import cli_command, invoke, one_error_line
+from test_cli_run import cli_command, invoke, one_error_line, rest_of
 from test_loading import GGUF_CONFIG, write_gguf
 
 EOS = 2                     # the tiny tokenizer's <|im_end|>
@@ -338,7 +338,7 @@ def test_signal_during_decode_keeps_valid_json_lines(tiny_gguf, sig, code):
     proc = start("run", "-m", tiny_gguf, "--json", "--raw", "--sampler", "greedy", "--max-tokens", "4000", "hi")
     first = strict_json(proc.stdout.readline())
     proc.send_signal(sig)
-    rest, err = proc.communicate(timeout=120)
+    rest, err = rest_of(proc)
     records = [first] + [strict_json(line) for line in rest.splitlines()]
     summary = records[-1]["summary"]
     assert proc.returncode == code, err
@@ -356,7 +356,7 @@ def test_signal_during_prefill_prints_the_summary(sig, code):
                  "one two three four five six seven eight nine ten " * 4)
     assert "sampler greedy" in proc.stderr.readline()
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = rest_of(proc)
     assert proc.returncode == code, err
     assert out == "\n"                                 # no token came out of the prefill
     assert "0 tokens" in err and "stopped: interrupted" in err and "Traceback" not in err
@@ -382,7 +382,7 @@ def test_interrupted_calibration_leaves_the_old_card(tiny_gguf, tmp_path, sig, c
         assert char, seen
         seen += char
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = rest_of(proc)
     assert proc.returncode == code, seen + err
     assert f"interrupted: {card} was not changed" in err and "Traceback" not in err
     assert card.read_text() == "# the old card\n[sampler]\nlow_entropy = 0.5\n"
