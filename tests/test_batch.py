@@ -311,3 +311,22 @@ def test_every_rows_decision_takes_one_host_sync_and_equals_its_own_choose(tiny_
     stops = StopsEarly()
     choice = choose_together([stops], [Step(steps[0].logits, [], [1, 2, 8])], [keys[0]])[0]
     assert choice.strategy == "stop"
+
+
+@pytest.mark.parametrize("joiner_length", [12, 20, 28, 33])
+def test_a_long_prompt_joins_a_batch_that_sheds_its_shared_padding(tiny_tokenizer, joiner_length):
+    """Row 2 (the longest prompt, no padding) and row 0 finish at the same step;
+    a waiting prompt takes row 0's slot, row 2 leaves, and the rows left (0 and
+    1) share row 1's padding, which `filter` drops: the batch shrinks by it. A
+    prompt nearly as long as the batch was before must not take the slot then
+    (it would not fit the next step's cache); it joins the other way, and every
+    answer equals its unbatched run."""
+    model = make_model()
+    ids = lambda n, start: [3 + (start + 7 * j) % 250 for j in range(n)]   # byte tokens of the tiny tokenizer
+    prompts = [ids(5, 0), ids(5, 1), ids(30, 2), ids(joiner_length, 3)]
+    requests = [Request(prompts[0], 0, 3), Request(prompts[1], 0, 9), Request(prompts[2], 0, 3),
+                Request(prompts[3], 0, 4)]
+    out = batched(model, tiny_tokenizer, requests, GreedySampler, 3, groups=1)
+    for i, (p, r) in enumerate(zip(prompts, requests)):
+        assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, 0)
+        assert out[i].finish_reason == "length"
