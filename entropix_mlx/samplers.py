@@ -80,8 +80,17 @@ def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> 
     (see `Sampler`); each row's own graph, key and state, so each choice equals
     what `choose` alone gives."""
     two_phase = [plans_in_two_phases(s) for s in samplers]
-    plans = [s.plan(step, key) if tp else None for s, step, key, tp in zip(samplers, steps, keys, two_phase)]
-    mx.eval([p for p in plans if p is not None])
+    # Rows that only take the argmax (eval's greedy) share one stacked argmax:
+    # a handful of ops for the batch instead of a handful per row.
+    argmax_rows = [i for i, (s, tp) in enumerate(zip(samplers, two_phase))
+                   if tp and isinstance(s, GreedySampler) and not s.logprobs]
+    stacked = GreedySampler.plan_rows([steps[i] for i in argmax_rows]) if len(argmax_rows) > 1 else None
+    plans = [s.plan(step, key) if tp and not (stacked and i in argmax_rows) else None
+             for i, (s, step, key, tp) in enumerate(zip(samplers, steps, keys, two_phase))]
+    mx.eval([p for p in plans if p is not None], stacked)
+    if stacked is not None:
+        for i, token, check in zip(argmax_rows, stacked["token"].tolist(), stacked["check"].tolist()):
+            plans[i] = {"token": token, "check": check}
     return [s.finish(step, plan) if tp else s.choose(step, key)
             for s, step, key, plan, tp in zip(samplers, steps, keys, plans, two_phase)]
 
@@ -170,24 +179,35 @@ class GreedySampler(TwoPhaseSampler):
 
     def plan(self, step: Step, key: mx.array) -> dict:
         if not self.logprobs:
-            # The argmax of the raw logits is the sanitized one's when none is NaN
-            # or infinite, which their largest value and their sum tell.
-            logits = step.logits.astype(mx.float32)
-            return {"token": mx.argmax(logits), "check": mx.stack([logits.max(), logits.sum()])}
+            return self.plan_rows([step])
         logits, code = sanitize_logits(step.logits)
         token = mx.argmax(logits)
         return _plan(token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
 
+    @staticmethod
+    def plan_rows(steps: list[Step]) -> dict:
+        """The argmax-only plan of one or several rows (stacked): the argmax of
+        the raw logits is the sanitized one's when none is NaN or infinite,
+        which their largest value and their sum tell."""
+        if len(steps) == 1:
+            logits = steps[0].logits.astype(mx.float32)
+            return {"token": mx.argmax(logits), "check": mx.stack([logits.max(), logits.sum()])}
+        logits = mx.stack([step.logits for step in steps]).astype(mx.float32)
+        return {"token": mx.argmax(logits, axis=-1),
+                "check": mx.stack([logits.max(axis=-1), logits.sum(axis=-1)], axis=-1)}
+
     def finish(self, step: Step, plan: dict) -> Choice:
-        if "check" in plan:
-            token, note = plan["token"], ""
-            if not all(math.isfinite(v) for v in plan["check"].tolist()):
+        if "check" in plan:   # argmax only; a stacked plan's row comes as Python numbers
+            token, check, note = plan["token"], plan["check"], ""
+            token = token.item() if isinstance(token, mx.array) else token
+            check = check.tolist() if isinstance(check, mx.array) else check
+            if not all(math.isfinite(v) for v in check):
                 # Rare: NaN or infinite logits take the sanitized argmax, one more host sync.
                 logits, code = sanitize_logits(step.logits)
-                token = mx.argmax(logits)
-                mx.eval(token, code)
-                note = LOGIT_NOTES[code.item()]
-            return Choice([token.item()], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS), note=note)
+                chosen = mx.argmax(logits)
+                mx.eval(chosen, code)
+                token, note = chosen.item(), LOGIT_NOTES[code.item()]
+            return Choice([token], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS), note=note)
         token, logprob, metrics, note = _finish(plan)
         return Choice([token], "argmax", [logprob], metrics, params=dict(self.GREEDY_PARAMS), note=note)
 

@@ -330,3 +330,37 @@ def test_a_long_prompt_joins_a_batch_that_sheds_its_shared_padding(tiny_tokenize
     for i, (p, r) in enumerate(zip(prompts, requests)):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, 0)
         assert out[i].finish_reason == "length"
+
+
+def test_argmax_only_rows_decide_in_one_stacked_argmax_and_equal_their_own_choose(tiny_tokenizer, monkeypatch):
+    """Eval's greedy (no metrics, no log-probabilities): the rows' decisions are
+    one stacked argmax, not a plan per row; each equals the row's own `choose`,
+    also for a row whose logits hold NaN (it takes the sanitized argmax and says
+    so) and next to a row whose sampler is not argmax-only."""
+    import mlx.core as mx
+
+    from entropix_mlx.cache import make_cache
+    from entropix_mlx.generate import prefill
+    from entropix_mlx.samplers import Step, choose_together
+
+    model = make_model()
+    steps = []
+    for p in prompts_of(tiny_tokenizer, TEXTS[:4]):
+        logits, scores = prefill(model, p, make_cache(model))
+        steps.append(Step(logits[0, -1], [s[0] for s in scores], [], None, None))
+    top = int(mx.argmax(steps[1].logits).item())
+    steps[1] = Step(mx.where(mx.arange(steps[1].logits.size) == top, mx.nan, steps[1].logits), [], [], None, None)
+    keys = [mx.random.key(i) for i in range(4)]
+
+    def samplers():
+        return [GreedySampler(False, False), GreedySampler(False, False), GreedySampler(), GreedySampler(False, False)]
+
+    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys)]
+    planned = []
+    real_plan = GreedySampler.plan
+    monkeypatch.setattr(GreedySampler, "plan", lambda self, step, key: planned.append(self) or real_plan(self, step, key))
+    together = choose_together(samplers(), steps, keys)
+    assert len(planned) == 1 and planned[0].logprobs    # only the row that wants its log-probability
+    for a, b in zip(alone, together):
+        assert (a.tokens, a.strategy, a.logprobs, a.note) == (b.tokens, b.strategy, b.logprobs, b.note)
+    assert together[1].tokens != [top] and together[1].note == "NaN logits ignored"
