@@ -84,8 +84,10 @@ def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> 
     # a handful of ops for the batch instead of a handful per row.
     argmax_rows = [i for i, (s, tp) in enumerate(zip(samplers, two_phase))
                    if tp and isinstance(s, GreedySampler) and not s.logprobs]
-    stacked = GreedySampler.plan_rows([steps[i] for i in argmax_rows]) if len(argmax_rows) > 1 else None
-    plans = [s.plan(step, key) if tp and not (stacked and i in argmax_rows) else None
+    if len(argmax_rows) < 2:   # one row plans on its own, as before
+        argmax_rows = []
+    stacked = GreedySampler.plan_rows([steps[i] for i in argmax_rows]) if argmax_rows else None
+    plans = [s.plan(step, key) if tp and i not in argmax_rows else None
              for i, (s, step, key, tp) in enumerate(zip(samplers, steps, keys, two_phase))]
     mx.eval([p for p in plans if p is not None], stacked)
     if stacked is not None:
