@@ -187,6 +187,15 @@ def thin_gemm_calls() -> int:
     return _shim_library.entropix_thin_gemm_calls() if _shim_library is not None else 0
 
 
+def wide_thin_tiles(on: bool) -> tuple[bool, int]:
+    """Tests: let the shim's few-row kernel use its AVX-512VL tiles (on) or only its
+    AVX2 ones (off). Returns (whether the AVX-512VL tiles run now, how many products
+    they have taken in this process)."""
+    if _shim_library is None:
+        return False, 0
+    return bool(_shim_library.entropix_thin_gemm_wide(int(on))), _shim_library.entropix_thin_gemm_wide_calls()
+
+
 def default_weights() -> str:
     value = os.environ.get("ENTROPIX_WEIGHTS", "auto").strip().lower() or "auto"
     return value

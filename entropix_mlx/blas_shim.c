@@ -76,8 +76,9 @@ VECTOR static inline __attribute__((always_inline)) v8 sum8(v8 a, v8 b, v8 c, v8
    cache line: the weights come from memory once per step, and without the prefetch the loads
    and the arithmetic take turns. Prefetching into L1 instead (prefetcht0) filled the core's
    few L1 miss buffers: 23 ms instead of 14-16 for an 8-row step's products. */
-#define TILE(R, COLS)                                                                              \
-    VECTOR static inline __attribute__((always_inline)) void tile_##R##x##COLS(                   \
+#define TILE(R, COLS) TILE_FOR(VECTOR, R, COLS)
+#define TILE_FOR(TARGET, R, COLS)                                                                  \
+    TARGET static inline __attribute__((always_inline)) void tile_##R##x##COLS(                   \
         int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,         \
         float *C, int ldc) {                                                                       \
         v8 acc[16]; /* acc[r * COLS + c]; the ones past R x COLS stay 0, for sum8 */               \
@@ -114,36 +115,68 @@ TILE(1, 3)
 TILE(4, 1)
 TILE(1, 1)
 
-/* Output columns [n0, n1): every activation row against weight rows n0..n1. */
-VECTOR static void thin_columns(int M, int n0, int n1, int K, float alpha, const float *A, int lda,
-                                const float *B, int ldb, float beta, float *C, int ldc) {
-    int n = n0;
-    for (; n + 3 <= n1; n += 3) {
-        const float *b = B + (long)n * ldb;
-        float *c = C + n;
-        int m = 0;
-        for (; m + 4 <= M; m += 4) tile_4x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
-        for (; m + 2 <= M; m += 2) tile_2x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
-        for (; m < M; m++) tile_1x3(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
+/* Output columns [n0, n1): every activation row against weight rows n0..n1, COLS at a time. */
+#define THIN_COLUMNS(NAME, TARGET, COLS)                                                           \
+    TARGET static void NAME(int M, int n0, int n1, int K, float alpha, const float *A, int lda,    \
+                            const float *B, int ldb, float beta, float *C, int ldc) {              \
+        int n = n0;                                                                                \
+        for (; n + COLS <= n1; n += COLS) {                                                        \
+            const float *b = B + (long)n * ldb;                                                    \
+            float *c = C + n;                                                                      \
+            int m = 0;                                                                             \
+            for (; m + 4 <= M; m += 4)                                                             \
+                tile_4x##COLS(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc); \
+            for (; m + 2 <= M; m += 2)                                                             \
+                tile_2x##COLS(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc); \
+            for (; m < M; m++)                                                                     \
+                tile_1x##COLS(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc); \
+        }                                                                                          \
+        for (; n < n1; n++) {                                                                      \
+            const float *b = B + (long)n * ldb;                                                    \
+            float *c = C + n;                                                                      \
+            int m = 0;                                                                             \
+            for (; m + 4 <= M; m += 4)                                                             \
+                tile_4x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);  \
+            for (; m < M; m++)                                                                     \
+                tile_1x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);  \
+        }                                                                                          \
     }
-    for (; n < n1; n++) {
-        const float *b = B + (long)n * ldb;
-        float *c = C + n;
-        int m = 0;
-        for (; m + 4 <= M; m += 4) tile_4x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
-        for (; m < M; m++) tile_1x1(K, alpha, A + (long)m * lda, lda, b, ldb, beta, c + (long)m * ldc, ldc);
-    }
-}
+THIN_COLUMNS(thin_columns, VECTOR, 3)
+
+/* With AVX-512VL, 32 vector registers instead of 16: tiles of 4 x 4 (16 accumulators, 4 weight
+   vectors, one activation vector), still of 256-bit vectors. Each activation vector loaded then
+   serves 4 weight rows instead of 3: the 210 layer products 4-6% faster at 16-64 rows (a prompt
+   riding with the decode rows, batch.py), the same at 3-8, 10% slower at 2 (in-process A/B), so
+   they take products of more than 8 rows. Tiles of 6 x 3, 8 x 3, 6 x 4 and 4 x 6 were no faster or
+   slower (6 x 4: 4% slower at 32 rows, 8 x 3: 13%). The same sums, in the same order, as the 4 x 3 tiles: a product's numbers
+   do not depend on which of the two runs (tests/test_backend.py). */
+#if defined(__x86_64__)
+#define WIDE __attribute__((target("avx2,fma,avx512f,avx512vl")))
+TILE_FOR(WIDE, 4, 4)
+TILE_FOR(WIDE, 2, 4)
+TILE_FOR(WIDE, 1, 4)
+THIN_COLUMNS(thin_columns_wide, WIDE, 4)
+#endif
+static int wide_ok;   /* the CPU has AVX-512VL: thin_columns_wide runs */
+static long wide_calls;
 
 /* C (M x N) = alpha A (M x K) . B^T + beta C, B stored N x K; chunks of 48 columns
    (16 tiles, whole cache lines of C) shared out over the cores. */
 static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc) {
-    enum { CHUNK = 48 };
+    enum { CHUNK = 48 };   /* 16 tiles of 3 columns or 12 of 4 */
     int chunks = (N + CHUNK - 1) / CHUNK;
+    int wide = wide_ok && M > 8;
+    wide_calls += wide;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < chunks; i++) {
         int n0 = i * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+#if defined(__x86_64__)
+        if (wide) {
+            thin_columns_wide(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            continue;
+        }
+#endif
         thin_columns(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
 }
@@ -163,6 +196,7 @@ int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
 #elif defined(__x86_64__)
     __builtin_cpu_init();
     thin_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    wide_ok = thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #else
     thin_ok = 1;
 #endif
@@ -178,6 +212,18 @@ int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
 /* 1 when thin_gemm takes 2..THIN_ROWS-row products (for the header); how many it took (tests). */
 int entropix_thin_gemm_active(void) { return thin_ok; }
 long entropix_thin_gemm_calls(void) { return thin_calls; }
+
+/* Tests: run the 4 x 3 tiles even where the 4 x 4 ones could (wide = 0), or the 4 x 4 ones again
+   where the CPU has them (wide = 1). Returns whether the 4 x 4 tiles run now; and how many
+   products they took. */
+int entropix_thin_gemm_wide(int wide) {
+#if defined(__x86_64__) && !defined(ENTROPIX_NO_THREADS)
+    __builtin_cpu_init();
+    wide_ok = wide && thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+#endif
+    return wide_ok;
+}
+long entropix_thin_gemm_wide_calls(void) { return wide_calls; }
 
 /* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per
    OpenMP thread, on a share of C's columns (or rows, when it has more rows than columns). */

@@ -137,6 +137,32 @@ def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on
     assert backend.thin_gemm_calls() == before + 8
 
 
+@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
+                    "OpenMP and (x86-64) AVX2")
+def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
+    """More than 8 rows take the 4 x 4 tiles where the CPU has AVX-512VL; a row's numbers
+    must be those of the 4 x 3 tiles (fewer rows, other CPUs). Shapes with remainders of
+    both tile widths, of the 4-row tiles and of K's 8-wide steps."""
+    wide, calls = backend.wide_thin_tiles(True)
+    if not wide:
+        pytest.skip("this CPU has no AVX-512VL: only the 4 x 3 tiles exist here")
+    rng = np.random.default_rng(2)
+    try:
+        for m, n, k in [(9, 1536, 576), (14, 577, 1003), (33, 131, 136), (64, 203, 1543)]:
+            a = mx.array(rng.standard_normal((m, k)).astype(np.float32))
+            w = mx.array(rng.standard_normal((n, k)).astype(np.float32))
+            with_wide = np.array(a @ w.T)
+            backend.wide_thin_tiles(False)
+            narrow = np.array(a @ w.T)
+            backend.wide_thin_tiles(True)
+            assert np.array_equal(with_wide, narrow), (m, n, k)
+            exact = np.array(a).astype(np.float64) @ np.array(w).astype(np.float64).T
+            assert np.abs(with_wide - exact).max() < 1e-3
+        assert backend.wide_thin_tiles(True)[1] == calls + 4   # the 4 x 4 tiles took each product once
+    finally:
+        backend.wide_thin_tiles(True)
+
+
 def test_blas_none_loads_nothing_and_says_why():
     info = _blas_in_subprocess("none")
     assert info["name"] is None and info["reason"] == "ENTROPIX_BLAS=none"
