@@ -13,8 +13,11 @@ other dtypes, MLX's own kernels stay.
 
 RoPE: on the CPU `mx.fast.rope` falls back to a dozen small kernels, ~110 us a
 call, twice a decode step's cost of its arithmetic. The same formula (MLX's own
-frequencies, `base ** (-2j / dims)` computed as MLX computes it) compiled is
-~55 us and bit for bit equal (tests/test_cpu_math.py).
+frequencies, `base ** (-2j / dims)` computed as MLX computes it) is bit for bit
+equal (tests/test_cpu_math.py) and split in two: the cos and sin tables, made
+once per pass (every layer rotates the same positions), and the rotation, one
+fused kernel on contiguous arrays. In a decode step of 8 rows RoPE took 4.2 ms
+of ~37 as one compiled call per layer.
 """
 
 import functools
@@ -67,27 +70,54 @@ def _logsumexp(x: mx.array) -> mx.array:
 
 
 @mx.compile
-def _rope(x: mx.array, offset: mx.array, inv_freq: mx.array, traditional: bool) -> mx.array:
-    positions = (offset.reshape(-1, 1) + mx.arange(x.shape[2])).astype(mx.float32)   # (B or 1, L)
-    theta = positions[..., None] * inv_freq                                           # (B or 1, L, dims/2)
-    cos, sin = mx.cos(theta)[:, None], mx.sin(theta)[:, None]                         # over the heads
+def _rope_tables(offset: mx.array, inv_freq: mx.array, positions: mx.array, heads: mx.array,
+                 traditional: bool) -> tuple[mx.array, mx.array]:
+    positions = (offset.reshape(-1, 1) + positions).astype(mx.float32)                  # (B or 1, L)
+    theta = positions[..., None] * inv_freq                                             # (B or 1, L, dims/2)
+    cos, sin = mx.cos(theta), mx.sin(theta)
     if traditional:   # rotated pairs are neighbours: (x0, x1), (x2, x3), ...
-        pairs = x.reshape(*x.shape[:-1], -1, 2)
-        x1, x2 = pairs[..., 0], pairs[..., 1]
-        return mx.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
-    half = x.shape[-1] // 2   # rotated pairs are (x_i, x_{i + dims/2})
-    x1, x2 = x[..., :half], x[..., half:]
-    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+        cos2 = mx.stack([cos, cos], axis=-1).reshape(*cos.shape[:-1], -1)
+        sin2 = mx.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1)
+    else:             # rotated pairs are (x_i, x_{i + dims/2})
+        cos2, sin2 = mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1)
+    # Written out for every head: the rotation then reads contiguous arrays of x's shape.
+    return cos2[:, None] * heads, sin2[:, None] * heads
 
 
-def rope(module, x: mx.array, offset) -> mx.array:
-    """`module(x, offset=offset)` for x (B, heads, L, dims) and an `nn.RoPE`
-    module; offset an int or one per row (B,)."""
-    if not (on_cpu(x) and type(module) is nn.RoPE and module.dims == x.shape[-1] and module.scale == 1.0):
-        return module(x, offset=offset)
+@mx.compile
+def _rotate(x: mx.array, cos2: mx.array, sin2: mx.array, traditional: bool) -> mx.array:
+    if traditional:
+        swapped = x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)
+    else:
+        half = x.shape[-1] // 2
+        swapped = mx.concatenate([x[..., half:], x[..., :half]], axis=-1)
+    # x1 cos - x2 sin and x2 cos + x1 sin with the very roundings of MLX's own
+    # kernel: x2 (-sin) is -(x2 sin) exactly, and a sum does not depend on its order.
+    return x * cos2 + swapped * sin2
+
+
+def rope_tables(module, shape: tuple, offset):
+    """cos and sin for `rope(module, x, offset)` on an x of `shape` (B, heads, L,
+    dims), made once and reused by every layer of a pass (their positions are the
+    same): the angles and their sines were most of a RoPE call's kernels on the
+    CPU. None where MLX's own kernel runs (see `rope`)."""
+    if not (mx.default_device() == mx.cpu and type(module) is nn.RoPE and module.dims == shape[-1]
+            and module.scale == 1.0):
+        return None
     inv_freq = _inverse_frequencies(module.dims, module.base)
     offset = offset.astype(mx.int32) if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
-    return _rope(x, offset, inv_freq, module.traditional)
+    return _rope_tables(offset, inv_freq, mx.arange(shape[2]), mx.ones((1, shape[1], 1, 1)), module.traditional)
+
+
+def rope(module, x: mx.array, offset, tables=None) -> mx.array:
+    """`module(x, offset=offset)` for x (B, heads, L, dims) and an `nn.RoPE`
+    module; offset an int or one per row (B,). `tables`: this module's
+    `rope_tables` for x's shape and offset, made once for several calls."""
+    if on_cpu(x) and tables is None:
+        tables = rope_tables(module, x.shape, offset)
+    if not on_cpu(x) or tables is None:
+        return module(x, offset=offset)
+    return _rotate(x, *tables, module.traditional)
 
 
 @functools.cache
