@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 from .backend import gemm_uses_all_cores
-from .cache import (KVCache, RowsKVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache,
+from .cache import (KVCache, PromptCache, RowsKVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache,
                     visible_columns, visible_key_mask)
 from .errors import ConfigError, ContextOverflowError
 from .generate import SINGLE_PASS_TOKENS, prefill
@@ -237,6 +237,7 @@ class _Group:
 
 
 def _joiner_cache(model, prefix_cache):
+    """A long prompt's cache, filled in chunks (a riding prompt's is a `PromptCache`)."""
     cache = fork_cache(prefix_cache) if prefix_cache is not None else make_cache(model)
     for layer in cache:
         # Its first write allocates room for `step` positions: the prompt's few
@@ -345,7 +346,7 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         else:
             cache = None
         for row in riding:
-            row.own_cache = _joiner_cache(model, prefix_cache)
+            row.own_cache = PromptCache.after(prefix_cache, model)
             segments.append(Segment(mx.array([row.request.prompt[prefix_len:]]), row.own_cache))
         passed = model.packed(segments) if segments else []
         if keep or spawned:

@@ -19,12 +19,15 @@ class KVCache(_MlxLmKVCache):
         self.max_size = max_size
 
     def update_and_fetch(self, keys, values):
-        if self.max_size is not None and self.offset + keys.shape[2] > self.max_size:
+        self._check_room(keys.shape[2])
+        return super().update_and_fetch(keys, values)
+
+    def _check_room(self, n: int) -> None:
+        if self.max_size is not None and self.offset + n > self.max_size:
             raise ContextOverflowError(
-                f"the conversation needs {self.offset + keys.shape[2]} tokens but the "
+                f"the conversation needs {self.offset + n} tokens but the "
                 f"model's context holds {self.max_size}; shorten the prompt or start over"
             )
-        return super().update_and_fetch(keys, values)
 
     def fork(self) -> "KVCache":
         """An independent copy sharing the written prefix.
@@ -38,6 +41,39 @@ class KVCache(_MlxLmKVCache):
             clone.keys = self.keys[..., : self.offset, :]
             clone.values = self.values[..., : self.offset, :]
         return clone
+
+
+class PromptCache(KVCache):
+    """A prompt's cache on its way into a batch (batch.py): written once, by the
+    prompt's pass, then copied into a batch row, never decoded into. So a write
+    is one concatenation to what it holds (the shared prefix it forks), where
+    KVCache's first write after a fork allocates `step` empty slots, copies the
+    prefix in and writes into them: 2 ops a layer instead of 10, 1.5-2.2 ms less
+    per prompt on the CPU (in-process A/B). Several writes stay correct, each a
+    copy of the whole cache."""
+
+    def update_and_fetch(self, keys, values):
+        self._check_room(keys.shape[2])
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = mx.concatenate([self.keys[..., : self.offset, :], keys], axis=2)
+            self.values = mx.concatenate([self.values[..., : self.offset, :], values], axis=2)
+        self.offset += keys.shape[2]
+        return self.keys, self.values
+
+    @classmethod
+    def after(cls, prefix: list[KVCache] | None, model) -> list["PromptCache"]:
+        """One per layer, each holding what `prefix` holds (nothing if None)."""
+        caches = []
+        for i in range(len(model.layers)):
+            c = cls(model.args.max_position_embeddings)
+            if prefix is not None and prefix[i].keys is not None:
+                c.offset = prefix[i].offset
+                c.keys = prefix[i].keys[..., : c.offset, :]
+                c.values = prefix[i].values[..., : c.offset, :]
+            caches.append(c)
+        return caches
 
 
 def make_cache(model, max_size: int | None = None) -> list[KVCache]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from entropix_mlx import generate as generate_module
-from entropix_mlx.cache import KVCache, cache_length, fork_cache, make_cache, trim_cache
+from entropix_mlx.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache, trim_cache
 from entropix_mlx.errors import ContextOverflowError
 from entropix_mlx.generate import generate
 from entropix_mlx.samplers import GreedySampler
@@ -236,3 +236,33 @@ def test_a_joining_cache_takes_a_rows_slot_in_place_and_shared_padding_is_droppe
     too_long.update_and_fetch(*kv(5))
     with pytest.raises(ValueError, match="does not fit"):
         batch.place(0, too_long)
+
+
+def test_a_prompt_cache_holds_exactly_the_prefix_then_its_writes(tiny_model):
+    """A riding prompt's cache (batch.py): what the prefix holds, then each write in
+    order, with no empty slots; the prefix's own cache is untouched."""
+    prefix = make_cache(tiny_model)
+    for layer in prefix:
+        layer.update_and_fetch(*kv(5))
+    caches = PromptCache.after(prefix, tiny_model)
+    assert len(caches) == len(tiny_model.layers) and all(c.offset == 5 for c in caches)
+    cache = caches[0]
+    keys, values = cache.update_and_fetch(*kv(3, start=5))
+    assert keys.shape[2] == 8 and cache.keys.shape[2] == 8 and cache.offset == 8
+    assert positions(cache) == list(range(8)) and mx.array_equal(values, -keys)
+    cache.update_and_fetch(*kv(2, start=8))
+    assert positions(cache) == list(range(10))
+    assert positions(prefix[0]) == list(range(5)) and prefix[0].offset == 5
+    # Without a prefix it starts empty.
+    empty = PromptCache.after(None, tiny_model)[0]
+    empty.update_and_fetch(*kv(4))
+    assert positions(empty) == list(range(4))
+
+
+def test_a_prompt_cache_honours_the_models_context(tiny_model):
+    cache = PromptCache.after(None, tiny_model)[0]
+    cache.max_size = 6
+    cache.update_and_fetch(*kv(4))
+    with pytest.raises(ContextOverflowError):
+        cache.update_and_fetch(*kv(3, start=4))
+    assert positions(cache) == list(range(4))
