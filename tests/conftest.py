@@ -1,9 +1,18 @@
 """Shared fixtures: tiny random-weight Llama models (milliseconds) and, for the
 few integration tests, the real bundled model (loaded once per session)."""
 
+import signal
+
 import entropix_mlx  # noqa: F401  (first: it loads the system BLAS before mlx.core binds its own)
 import mlx.core as mx
 import pytest
+
+# A suite started as a background job (`cmd &` in a script) inherits SIGINT ignored, and
+# so does every process it starts, which then keeps ignoring it (cli/signals.py, as
+# `nohup` asks): the Ctrl-C tests would see no interrupt. They stand for a terminal,
+# where SIGINT has its default action; a handler here becomes that default in children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from entropix_mlx.gguf import gguf_tokenizer
 from entropix_mlx.model import Model, ModelArgs

@@ -368,6 +368,23 @@ def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
 
 
 @pytest.mark.slow
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it():
+    """`nohup`, or a script's background job: SIGINT ignored from the start stays ignored
+    (cli/signals.py installs no handler over it), so the answer runs to its end."""
+    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "12",
+                                             "Once upon a time"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    first = json.loads(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    rest, err = rest_of(proc)
+    records = [first] + [json.loads(line) for line in rest.splitlines()]
+    assert proc.returncode == 0, err
+    assert records[-1]["summary"]["finish_reason"] == "length"
+    assert records[-1]["summary"]["tokens"] == len(records) - 1 == 12
+
+
+@pytest.mark.slow
 def test_closed_pipe_exits_quietly():
     proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "20",
                                              "Once upon a time"],
