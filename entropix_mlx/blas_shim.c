@@ -148,8 +148,8 @@ THIN_COLUMNS(thin_columns, VECTOR, 3)
    serves 4 weight rows instead of 3: the 210 layer products 4-6% faster at 16-64 rows (a prompt
    riding with the decode rows, batch.py), the same at 3-8, 10% slower at 2 (in-process A/B), so
    they take products of more than 8 rows. Tiles of 6 x 3, 8 x 3, 6 x 4 and 4 x 6 were no faster or
-   slower (6 x 4: 4% slower at 32 rows, 8 x 3: 13%). The same sums, in the same order, as the 4 x 3 tiles: a product's numbers
-   do not depend on which of the two runs (tests/test_backend.py). */
+   slower (6 x 4: 4% slower at 32 rows, 8 x 3: 13%). The same sums, in the same order, as the
+   4 x 3 tiles: a product's numbers do not depend on which of the two runs (tests/test_backend.py). */
 #if defined(__x86_64__)
 #define WIDE __attribute__((target("avx2,fma,avx512f,avx512vl")))
 TILE_FOR(WIDE, 4, 4)
@@ -157,7 +157,8 @@ TILE_FOR(WIDE, 2, 4)
 TILE_FOR(WIDE, 1, 4)
 THIN_COLUMNS(thin_columns_wide, WIDE, 4)
 #endif
-static int wide_ok;   /* the CPU has AVX-512VL: thin_columns_wide runs */
+static int wide_cpu;  /* the CPU has AVX-512VL (and thin_gemm runs) */
+static int wide_ok;   /* thin_columns_wide runs: wide_cpu, unless a test turned it off */
 static long wide_calls;
 
 /* C (M x N) = alpha A (M x K) . B^T + beta C, B stored N x K; chunks of 48 columns
@@ -196,7 +197,7 @@ int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
 #elif defined(__x86_64__)
     __builtin_cpu_init();
     thin_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    wide_ok = thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    wide_ok = wide_cpu = thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #else
     thin_ok = 1;
 #endif
@@ -217,10 +218,7 @@ long entropix_thin_gemm_calls(void) { return thin_calls; }
    where the CPU has them (wide = 1). Returns whether the 4 x 4 tiles run now; and how many
    products they took. */
 int entropix_thin_gemm_wide(int wide) {
-#if defined(__x86_64__) && !defined(ENTROPIX_NO_THREADS)
-    __builtin_cpu_init();
-    wide_ok = wide && thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-#endif
+    wide_ok = wide && wide_cpu;
     return wide_ok;
 }
 long entropix_thin_gemm_wide_calls(void) { return wide_calls; }

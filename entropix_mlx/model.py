@@ -167,6 +167,9 @@ class Model(nn.Module):
         one's (logits, scores) as `__call__` would. Each segment's numbers are
         those of a pass of its own up to the weight products' rounding (the
         products see all segments' tokens as rows of one matrix)."""
+        tokens = segments[0].tokens.reshape(-1) if len(segments) == 1 else \
+            mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
+        h = self.model.embed_tokens(tokens)
         masks, rotations = [], []
         attn = self.layers[0].self_attn
         for seg in segments:
@@ -175,13 +178,12 @@ class Model(nn.Module):
             if mask is None:
                 mask = create_attention_mask(seg.tokens[..., None], first)   # only L and the cache matter
             masks.append(mask)
-            # Every layer rotates the same positions: the cos and sin tables are made once.
+            # Every layer rotates the same positions: the cos and sin tables are made once
+            # (where `rope` would use them: float32 on the CPU).
             B, L = seg.tokens.shape
             offset = first.offset if first is not None else 0
-            rotations.append(rope_tables(attn.rope, (B, attn.n_heads + attn.n_kv_heads, L, attn.head_dim), offset))
-        tokens = segments[0].tokens.reshape(-1) if len(segments) == 1 else \
-            mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
-        h = self.model.embed_tokens(tokens)
+            shape = (B, attn.n_heads + attn.n_kv_heads, L, attn.head_dim)
+            rotations.append(rope_tables(attn.rope, shape, offset) if on_cpu(h) else None)
         scores = [[] for _ in segments]
         # On the CPU, building a decode step's graph in Python takes ~4 ms of a ~35 ms
         # step, and MLX's thread waited for all of it. Handed over two layers at a time,
