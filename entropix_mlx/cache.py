@@ -56,9 +56,9 @@ class PromptCache(KVCache):
         self._check_room(keys.shape[2])
         if self.keys is None:
             self.keys, self.values = keys, values
-        else:
-            self.keys = mx.concatenate([self.keys[..., : self.offset, :], keys], axis=2)
-            self.values = mx.concatenate([self.values[..., : self.offset, :], values], axis=2)
+        else:   # it holds exactly `offset` positions (`after` cuts the prefix to them)
+            self.keys = mx.concatenate([self.keys, keys], axis=2)
+            self.values = mx.concatenate([self.values, values], axis=2)
         self.offset += keys.shape[2]
         return self.keys, self.values
 
