@@ -18,7 +18,7 @@ from entropix_mlx.files import write_atomic
 from entropix_mlx.sampler_registry import SAMPLER_NAMES
 
 from . import render
-from .signals import Terminated
+from .signals import Terminated, deferred
 from .run import (DEFAULT_SEED, BudgetOpt, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
                   SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
                   WeightsOpt, load_model)
@@ -117,7 +117,7 @@ class ChatSession:
                     raise
 
     def answer(self, text: str):
-        turn, problem, interrupted = None, None, None
+        turn, problem, interrupted, shown = None, None, None, 0
         try:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
@@ -125,9 +125,15 @@ class ChatSession:
                 from .deliberation import deliberation_progress
                 turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
             for event in turn:
-                render.write_token(self.out, event.text, event.strategy, self.color)
+                with deferred():   # a token is written and counted as written, never one without the other
+                    render.write_token(self.out, event.text, event.strategy, self.color)
+                    shown += 1
         except KeyboardInterrupt as interrupt:
             interrupted = interrupt
+            # As in `run`: a token the signal caught between being generated and being
+            # shown is shown now; the answer kept and the summary both count it.
+            for event in turn.events[shown:] if turn is not None else ():
+                render.write_token(self.out, event.text, event.strategy, self.color)
         except ContextOverflowError as e:
             if turn is None:     # refused before anything ran
                 self.meta(f"context full: {e}")

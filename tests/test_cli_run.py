@@ -209,6 +209,39 @@ def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, mon
     assert records[-1]["summary"]["tokens"] == len(records) - 1 == 2
 
 
+def test_chat_shows_a_token_caught_between_generated_and_shown(tiny_ref, monkeypatch):
+    """The same moment in `chat`: the interrupted answer's second token is in the
+    conversation and counted by the summary, so it is written before the summary."""
+    from entropix_mlx import chat as chat_module
+    from entropix_mlx.generate import Generation
+
+    made = []
+
+    class SignalAfterCounting(Generation):
+        def __iter__(self):
+            for i, event in enumerate(super().__iter__()):
+                if i == 1 and len(made) == 1:   # first answer only: in .events, not yet handed out
+                    raise KeyboardInterrupt
+                yield event
+
+    def generate(*args, **kwargs):
+        made.append(SignalAfterCounting(*args, **kwargs))
+        return made[-1]
+
+    written = []
+    write_token = chat_cmd.render.write_token
+    monkeypatch.setattr(chat_module, "generate", generate)
+    monkeypatch.setattr(chat_cmd.render, "write_token",
+                        lambda out, text, *a: (written.append(text), write_token(out, text, *a)))
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "5", "--no-color",
+                            input="one\n")
+    assert code == 0, err
+    first = made[0]
+    assert len(first.events) == 2 and first.finish_reason == "interrupted"
+    assert written == [e.text for e in first.events]
+    assert "2 tokens" in out and "stopped: interrupted" in out
+
+
 def test_a_token_caught_before_its_event_exists_is_not_counted(tiny_ref, monkeypatch):
     """Ctrl-C after the second token joined the answer but before its event
     existed (here: while the event is being made): it was never shown, so the
