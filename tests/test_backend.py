@@ -41,7 +41,7 @@ def _openblas_present() -> bool:
 
 # Every layout the shim rewrites (one row or one column, either operand stored
 # transposed; 2-64 rows times a weight stored N x K, with remainders of every
-# tile size; big products split over threads by columns or by rows, in shares
+# tile size; the attention's tiny products, with 64-, 8- and 1-column blocks; big products split over threads by columns or by rows, in shares
 # with remainders) and ones it passes on, checked against float64 NumPy; a wrong
 # stride, transpose flag, tile edge or share in blas_shim.c gives numbers far off, not rounding.
 _LAYOUT_CHECK = """
@@ -50,7 +50,8 @@ rng = np.random.default_rng(0)
 worst = 0.0
 for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11),
                 (2, 301, 67), (7, 577, 40), (8, 1536, 576), (32, 130, 136), (33, 200, 100),
-                (64, 130, 136), (65, 2001, 17), (70, 1536, 576), (301, 257, 33), (600, 40, 300)]:
+                (64, 130, 136), (65, 2001, 17), (70, 1536, 576), (301, 257, 33), (600, 40, 300),
+                (3, 45, 64), (3, 64, 45), (1, 70, 9), (16, 256, 300), (5, 71, 130), (17, 64, 40)]:
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     for A in (mx.array(a), mx.array(np.ascontiguousarray(a.T)).T):
         for B in (mx.array(b), mx.array(np.ascontiguousarray(b.T)).T):
@@ -116,6 +117,28 @@ def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_p
 
 def _thin_gemm_runs() -> bool:
     return backend.blas_info()["thin_gemm"]
+
+
+@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
+                    "OpenMP and (x86-64) AVX2")
+def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of_keys():
+    """A decode step's attention, per row and head: its probabilities against its values are
+    bit for bit the same with zero-probability keys in front (a batch's left padding), and its
+    scores against its keys the same whether the product is small (the shim's tiny path) or
+    large enough for the few-row kernel. With OpenBLAS taking the small ones, both differed."""
+    rng = np.random.default_rng(2)
+    for keys in (1, 7, 45, 80, 300):
+        p = rng.random((3, 3, keys)).astype(np.float32)
+        v = rng.standard_normal((3, keys, 64)).astype(np.float32)
+        alone = mx.array(p) @ mx.array(v)
+        for pad in (1, 5, 33):
+            padded_p = np.concatenate([np.zeros((3, 3, pad), np.float32), p], axis=-1)
+            padded_v = np.concatenate([rng.standard_normal((3, pad, 64)).astype(np.float32), v], axis=1)
+            assert mx.array_equal(mx.array(padded_p) @ mx.array(padded_v), alone).item(), (keys, pad)
+        q = mx.array(rng.standard_normal((3, 3, 64)).astype(np.float32))
+        k = rng.standard_normal((3, keys + 400, 64)).astype(np.float32)   # 401+ keys: the few-row kernel
+        many = q @ mx.array(k).swapaxes(-1, -2)
+        assert mx.array_equal(many[..., :keys], q @ mx.array(k[:, :keys]).swapaxes(-1, -2)).item(), keys
 
 
 @pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
