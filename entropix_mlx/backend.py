@@ -12,17 +12,19 @@ and `entropix_mlx/__init__.py` calls `load_blas()` before anything else.
 Weights: `native` keeps the file's format (quantized stays quantized);
 `float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
 for all rows of a batch); `auto` picks float32 on the CPU device when the
-float32 weights fit `FLOAT32_BUDGET_BYTES`, native otherwise, and always native
-on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
+float32 weights fit `FLOAT32_BUDGET_BYTES` and a real BLAS runs them (a system
+OpenBLAS; Accelerate on macOS), native otherwise, and always native on a GPU
+(Metal), where quantized matmuls are fast and memory bandwidth rules.
 
 Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
 of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
 (Debian 12) runs those far below the memory bandwidth (an M=1 GEMM at about half
 its GEMV's speed, the GEMV itself at under half the bandwidth). `blas_shim.c` is
-a `cblas_sgemm` that sends products of 1-32 rows with a weight matrix to a
+a `cblas_sgemm` that sends products of 1-64 rows with a weight matrix to a
 kernel of its own (each weight row read once for every row, prefetched, split
-over the cores with OpenMP), other single-row and single-column products to
-`cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
+over the cores with OpenMP), the attention's tiny products of a decode step to
+small kernels on the calling thread, other single-row and single-column products
+to `cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
 the system C compiler (which MLX's CPU backend already uses for its own
 kernels), cached, and put in the global scope ahead of OpenBLAS. Without OpenMP
 it is built single-threaded and keeps only the GEMV part; without a compiler,
@@ -237,6 +239,12 @@ def choose_weights(requested: str, model) -> str:
     if requested != "auto":
         return requested
     if mx.default_device() != mx.cpu:
+        return "native"
+    if not _blas["name"] and sys.platform != "darwin":
+        # MLX's own reference BLAS runs a float32 matmul at about what its quantized kernel
+        # costs, at 4.7x the memory (bench without OpenBLAS on a 2-core Zen 3 VM: greedy
+        # 0.94x mlx-lm against native's 0.95x, full Entropix 0.77x against 0.80x, prefill
+        # 0.88x against 0.97x): float32 pays only with a real BLAS.
         return "native"
     return "float32" if float32_bytes(model) <= FLOAT32_BUDGET_BYTES else "native"
 
