@@ -12,10 +12,13 @@
  *     against all rows (AVX2 + FMA on x86-64, checked at init; GCC's generic vectors
  *     elsewhere), split across cores with OpenMP. Each output is summed in the same order
  *     whatever M is, so a row's numbers do not depend on which rows share its batch;
+ *   - the attention's tiny products (a decode step's, per row and KV head: up to TINY_ROWS
+ *     queries): on the calling thread, q k^T through the same tiles, p v through tiny_nn,
+ *     so that a row's numbers depend neither on its padding nor on its number of keys;
  *   - other single-row or single-column products (and every one when thin_gemm cannot run):
  *     OpenBLAS's cblas_sgemv;
- *   - anything else (long prompts, column-major, small attention products): OpenBLAS, on one
- *     thread, the big products split over the same OpenMP threads (split_sgemm).
+ *   - anything else (long prompts, column-major, a prompt's attention products): OpenBLAS, on
+ *     one thread, the big products split over the same OpenMP threads (split_sgemm).
  * backend.py compiles this file once, hands it OpenBLAS's functions, and puts it
  * first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
  */
