@@ -154,9 +154,10 @@ THIN_COLUMNS(thin_columns, VECTOR, 3)
    of a 24 s eval at batch 8 (2-core Zen 3 VM). Here they run on the calling thread:
    - q k^T through thin_columns: the tiles, so the very sums, of thin_gemm, which takes these
      products itself once N x K reaches THIN_MIN_WEIGHTS (256 keys of 64 dimensions);
-   - p v through tiny_nn: each output is one multiply-add per key (fused where the CPU has FMA, as
-     in the tiles), in key order from the first. Keys of probability 0 in front of a row's own (a batch's left padding) add +0 to 0,
-     so a row's numbers are exactly those it gets without them, whatever its batch. */
+   - p v through tiny_nn: each output is one multiply-add per key (fused where the CPU has FMA,
+     as in the tiles), in key order from the first. Keys of probability 0 in front of a row's
+     own (a batch's left padding) add +0 to 0, so a row's numbers are exactly those it gets
+     without them, whatever its batch. */
 enum { TINY_ROWS = 16, TINY_DIMS = 256 };
 
 VECTOR static void tiny_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
@@ -310,8 +311,9 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
         thin_calls++;
         return;
     }
+    /* Below THIN_MIN_WEIGHTS (else thin_gemm took it just above). */
     if (thin_ok && order == RowMajor && trans_a == NoTrans && M <= TINY_ROWS) {
-        if (trans_b == Trans && K <= TINY_DIMS && (long)N * K < THIN_MIN_WEIGHTS) {
+        if (trans_b == Trans && K <= TINY_DIMS) {
             thin_columns(M, 0, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
             return;
         }

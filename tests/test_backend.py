@@ -41,8 +41,9 @@ def _openblas_present() -> bool:
 
 # Every layout the shim rewrites (one row or one column, either operand stored
 # transposed; 2-64 rows times a weight stored N x K, with remainders of every
-# tile size; the attention's tiny products, with 64-, 8- and 1-column blocks; big products split over threads by columns or by rows, in shares
-# with remainders) and ones it passes on, checked against float64 NumPy; a wrong
+# tile size; the attention's tiny products, with 64-, 8- and 1-column blocks; big
+# products split over threads by columns or by rows, in shares with remainders)
+# and ones it passes on, checked against float64 NumPy; a wrong
 # stride, transpose flag, tile edge or share in blas_shim.c gives numbers far off, not rounding.
 _LAYOUT_CHECK = """
 import numpy as np, mlx.core as mx
