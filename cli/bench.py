@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from entropix_mlx.backend import default_weights
-from entropix_mlx.loading import DEFAULT_MODEL
+from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.model.loading import DEFAULT_MODEL
 
 from .run import WeightsOpt
 
@@ -21,34 +21,49 @@ PROFILE_STEPS = 16
 
 
 def bench(
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", show_default=DEFAULT_MODEL,
-        help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")]
-    = DEFAULT_PROMPT_TOKENS,
-    gen_tokens: Annotated[int, typer.Option("--gen-tokens", min=2, help="Tokens generated per run.")]
-    = DEFAULT_GEN_TOKENS,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per variant (medians are reported).")]
-    = DEFAULT_REPEATS,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            show_default=DEFAULT_MODEL,
+            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
+        ),
+    ] = None,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")
+    ] = DEFAULT_PROMPT_TOKENS,
+    gen_tokens: Annotated[
+        int, typer.Option("--gen-tokens", min=2, help="Tokens generated per run.")
+    ] = DEFAULT_GEN_TOKENS,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="Runs per variant (medians are reported).")
+    ] = DEFAULT_REPEATS,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of a table.")] = False,
-    profile: Annotated[bool, typer.Option(
-        "--profile", help=f"Also time the parts of one Entropix decode step (over {PROFILE_STEPS} steps).")] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile", help=f"Also time the parts of one Entropix decode step (over {PROFILE_STEPS} steps)."
+        ),
+    ] = False,
     weights: WeightsOpt = default_weights(),
 ):
     """Prefill and decode speed and peak memory: mlx-lm's own generation, our
     engine with the greedy sampler, our engine with the Entropix sampler."""
-    from entropix_mlx import bench as benchmark
+    from entropix_mlx.eval import bench as benchmark
+    from entropix_mlx.eval import profile as profiling
 
     def progress(message: str):
         if sys.stderr.isatty():
             print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
     ours, theirs, tokenizer, source = benchmark.load_pair(model, weights)
-    result = benchmark.bench(ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats,
-                             progress=progress)
+    result = benchmark.bench(
+        ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats, progress=progress
+    )
     if profile:
         progress("profile")
-        result["profile"] = benchmark.profile(ours, theirs, tokenizer, source.name, prompt_tokens, PROFILE_STEPS)
+        result["profile"] = profiling.profile(ours, theirs, tokenizer, source.name, prompt_tokens, PROFILE_STEPS)
     progress("")
     if as_json:
         print(json.dumps(result))
@@ -64,18 +79,30 @@ def print_tables(result: dict):
     paths = result.get("paths")
     if paths:
         console.print(f"mlx_lm: {paths['mlx_lm']}\nentropix: {paths['entropix']}")
-    table = Table(title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
-                        f"generated, medians of {result['mlx_lm']['runs']} runs")
+    table = Table(
+        title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
+        f"generated, medians of {result['mlx_lm']['runs']} runs"
+    )
     for column in ("", "prefill tok/s", "first token s", "decode tok/s", "peak GB"):
         table.add_column(column, justify="right" if column else "left")
     for name in ("mlx_lm", "entropix_greedy", "entropix"):
         r = result[name]
-        table.add_row(name, f"{r['prefill_tps']:.1f}", f"{r['first_token_s']:.2f}", f"{r['decode_tps']:.2f}",
-                      f"{r['peak_memory_gb']:.3f}")
+        table.add_row(
+            name,
+            f"{r['prefill_tps']:.1f}",
+            f"{r['first_token_s']:.2f}",
+            f"{r['decode_tps']:.2f}",
+            f"{r['peak_memory_gb']:.3f}",
+        )
     ratios = result["ratios"]
     table.add_section()
-    table.add_row("entropix / mlx_lm", f"{ratios['prefill']:.2f}", f"{ratios['first_token']:.2f}× sooner",
-                  f"{ratios['decode']:.2f}", f"{ratios['memory']:.2f}")
+    table.add_row(
+        "entropix / mlx_lm",
+        f"{ratios['prefill']:.2f}",
+        f"{ratios['first_token']:.2f}× sooner",
+        f"{ratios['decode']:.2f}",
+        f"{ratios['memory']:.2f}",
+    )
     table.add_row("entropix_greedy / mlx_lm", "", "", f"{ratios['decode_greedy']:.2f}", "")
     console.print(table)
     counts = result["entropix"].get("strategy_counts", {})
@@ -87,8 +114,13 @@ def print_tables(result: dict):
         steps = Table(title=f"one decode step, ms, over {p['steps']} steps")
         for column in ("part", "median", "mean"):
             steps.add_column(column, justify="left" if column == "part" else "right")
-        labels = {"model": "model forward", "metrics": "metrics", "candidates": "candidates, sampling",
-                  "decision": "decision, rollouts", "mlx_lm_model": "mlx-lm forward + argmax"}
+        labels = {
+            "model": "model forward",
+            "metrics": "metrics",
+            "candidates": "candidates, sampling",
+            "decision": "decision, rollouts",
+            "mlx_lm_model": "mlx-lm forward + argmax",
+        }
         for part, label in labels.items():
             steps.add_row(label, f"{p['step_ms'][part]:.1f}", f"{p['step_ms_mean'][part]:.1f}")
         console.print(steps)

@@ -8,70 +8,99 @@ from typing import Annotated
 
 import typer
 
-from entropix_mlx.backend import default_weights
+from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.loading import DEFAULT_MODEL
+from entropix_mlx.model.loading import DEFAULT_MODEL
 
 from .run import WeightsOpt, warm_up_compiler
 from .signals import exit_code
 
 
 def calibrate(
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", show_default=DEFAULT_MODEL,
-        help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            show_default=DEFAULT_MODEL,
+            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")
+    ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens generated per prompt.")] = 24,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed of the sampled answers.")] = 0,
-    tune: Annotated[bool, typer.Option(
-        "--tune", help="Then compare the strategy settings in calibrate.TUNE_CANDIDATES on the built-in "
-                       "dev split and open text, and write the chosen one and every trial to the card "
-                       "(about an hour on a busy 2-core CPU).")] = False,
-    limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, help="With --tune: only the first N dev items (a quick check).")] = None,
-    keep_thresholds: Annotated[bool, typer.Option(
-        "--keep-thresholds", help="With --tune: tune on the card's thresholds as they are, without "
-                                  "measuring them again (a re-measure may move them, and with them "
-                                  "the figures of earlier trials).")] = False,
-    only: Annotated[str | None, typer.Option(
-        "--only", help="With --tune: only the candidates whose name contains this text; the card's "
-                       "other trials stay on record as earlier ones.")] = None,
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="Then compare the strategy settings in calibrate.TUNE_CANDIDATES on the built-in "
+            "dev split and open text, and write the chosen one and every trial to the card "
+            "(about an hour on a busy 2-core CPU).",
+        ),
+    ] = False,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="With --tune: only the first N dev items (a quick check).")
+    ] = None,
+    keep_thresholds: Annotated[
+        bool,
+        typer.Option(
+            "--keep-thresholds",
+            help="With --tune: tune on the card's thresholds as they are, without "
+            "measuring them again (a re-measure may move them, and with them "
+            "the figures of earlier trials).",
+        ),
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="With --tune: only the candidates whose name contains this text; the card's "
+            "other trials stay on record as earlier ones.",
+        ),
+    ] = None,
     weights: WeightsOpt = default_weights(),
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
     chooses its strategy settings on the dev split."""
-    from entropix_mlx.calibrate import PROMPTS, QUANTILES, calibrate as run_calibration
-    from entropix_mlx.cards import card_path
-    from entropix_mlx.loading import load, resolve
+    from entropix_mlx.model.loading import load, resolve
+    from entropix_mlx.sampling.calibrate import PROMPTS, QUANTILES
+    from entropix_mlx.sampling.calibrate import calibrate as run_calibration
+    from entropix_mlx.sampling.cards import card_path
 
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    check_writable(out or card_path(resolve(model).name))   # before minutes of work, not after
+    check_writable(out or card_path(resolve(model).name))  # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
-    warm_up_compiler()   # so that Ctrl-C works from the first prompt on (see cli/run.py)
+    warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
     if keep_thresholds:
         path = out or card_path(source.name)
         if not path.is_file():
-            raise ConfigError(f"--keep-thresholds needs an existing card, and {path} does not exist; "
-                              "run `entropix-mlx calibrate` first")
+            raise ConfigError(
+                f"--keep-thresholds needs an existing card, and {path} does not exist; "
+                "run `entropix-mlx calibrate` first"
+            )
         return tune_card(llm, tokenizer, source.name, path, limit, candidates)
 
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
 
     try:
-        path, found, samples = run_calibration(llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed,
-                                               progress=progress)
-    except KeyboardInterrupt as interrupt:   # Ctrl-C or SIGTERM: the card is written to a temporary
+        path, found, samples = run_calibration(
+            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress
+        )
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the card is written to a temporary
         # file and renamed, so it is either the old one or the new one, whole
         print(f"\ninterrupted: {out or card_path(source.name)} was not changed", file=sys.stderr)
-        raise typer.Exit(exit_code(interrupt))
-    except OSError as e:   # e.g. the disk filled up while writing
+        raise typer.Exit(exit_code(interrupt)) from None
+    except OSError as e:  # e.g. the disk filled up while writing
         print(file=sys.stderr)
-        raise ConfigError(f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
-                          "the old card is unchanged; free space or choose another place with --out") from None
+        raise ConfigError(
+            f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
+            "the old card is unchanged; free space or choose another place with --out"
+        ) from None
     print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)
     for name, value in found.items():
         metric, q = QUANTILES[name]
@@ -83,36 +112,41 @@ def calibrate(
 
 
 def tune_candidates(only: str | None):
-    from entropix_mlx.calibrate import TUNE_CANDIDATES
+    from entropix_mlx.eval.tune import TUNE_CANDIDATES
 
     if only is None:
         return TUNE_CANDIDATES
     chosen = tuple(c for c in TUNE_CANDIDATES if only in c[0])
     if not chosen:
-        raise ConfigError(f"no tuning candidate's name contains {only!r}; the names are: "
-                          + "; ".join(name for name, _ in TUNE_CANDIDATES))
+        raise ConfigError(
+            f"no tuning candidate's name contains {only!r}; the names are: "
+            + "; ".join(name for name, _ in TUNE_CANDIDATES)
+        )
     return chosen
 
 
 def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None, candidates):
     """Tune the card's strategy settings on the dev split and print every trial."""
-    from entropix_mlx.calibrate import tune as run_tuning
+    from entropix_mlx.eval.tune import tune as run_tuning
 
     def tuning_progress(trial):
         print(f"tuning: {trial}", file=sys.stderr, flush=True)
 
     try:
-        chosen, trials, greedy, _ = run_tuning(llm, tokenizer, name, path, candidates, limit=limit,
-                                               progress=tuning_progress)
+        chosen, trials, greedy, _ = run_tuning(
+            llm, tokenizer, name, path, candidates, limit=limit, progress=tuning_progress
+        )
     except KeyboardInterrupt as interrupt:
         print(f"\ninterrupted: the tuning in {path} is unchanged", file=sys.stderr)
-        raise typer.Exit(exit_code(interrupt))
+        raise typer.Exit(exit_code(interrupt)) from None
     print(f"greedy: dev accuracy {greedy['accuracy']:.3f}")
     for t in trials:
         o = t["open"]
-        print(f"  {t['name']:36} dev accuracy {t['accuracy']:.3f}  W/L/T {t['wins']}/{t['losses']}/{t['ties']}"
-              f"  p {t['p']:.3f}  repeated-4-gram {o['repeated_4gram_share']:.3f}  loops {o['loops']}"
-              f"  mean logprob {o['mean_logprob']:.3f}")
+        print(
+            f"  {t['name']:36} dev accuracy {t['accuracy']:.3f}  W/L/T {t['wins']}/{t['losses']}/{t['ties']}"
+            f"  p {t['p']:.3f}  repeated-4-gram {o['repeated_4gram_share']:.3f}  loops {o['loops']}"
+            f"  mean logprob {o['mean_logprob']:.3f}"
+        )
     print(f"chose {chosen['name']!r}; wrote {path}")
 
 
@@ -121,15 +155,17 @@ def check_writable(path: Path):
     card is written as a temporary file there, then renamed over the old one."""
     folder = next((p for p in path.parents if p.exists()), None)
     if folder is not None and not folder.is_dir():
-        raise ConfigError(f"cannot write the card {path}: {folder} is a file, not a folder; "
-                          "choose another place with --out")
+        raise ConfigError(
+            f"cannot write the card {path}: {folder} is a file, not a folder; choose another place with --out"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
             pass
     except OSError as e:
-        raise ConfigError(f"cannot write the card {path}: {e.strerror or e}; "
-                          "choose a writable place with --out") from None
+        raise ConfigError(
+            f"cannot write the card {path}: {e.strerror or e}; choose a writable place with --out"
+        ) from None
     if path.is_dir():
         raise ConfigError(f"--out {path} is a directory; give a file name, e.g. {path / 'model.toml'}")
 

@@ -12,17 +12,34 @@ from pathlib import Path
 
 import typer
 
-from entropix_mlx.chat import Conversation
+from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.sampler_registry import SAMPLER_NAMES
+from entropix_mlx.sampling.registry import SAMPLER_NAMES
 
 from . import render
+from .run import (
+    DEFAULT_SEED,
+    BudgetOpt,
+    ConfigOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    ModelOpt,
+    NoColorOpt,
+    SamplerOpt,
+    SeedOpt,
+    SystemOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    WeightsOpt,
+    build_sampler,
+    check_options,
+    header,
+    load_model,
+)
 from .signals import Terminated, deferred
-from .run import (DEFAULT_SEED, BudgetOpt, ConfigOpt, MaxTokensOpt, MinPOpt, ModelOpt, NoColorOpt, SamplerOpt,
-                  SeedOpt, SystemOpt, TemperatureOpt, TopKOpt, TopPOpt, build_sampler, check_options, header,
-                  WeightsOpt, load_model)
-from entropix_mlx.backend import default_weights
 
 COMMANDS = {
     "/help": "show the commands",
@@ -37,10 +54,9 @@ COMMANDS = {
 
 
 class ChatSession:
-    def __init__(self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system,
-                 no_color):
+    def __init__(self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system, no_color):
         self.source, self.tokenizer = source, tokenizer
-        self.sampler_options = sampler_options            # config path and CLI overrides, for /sampler
+        self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
@@ -74,7 +90,7 @@ class ChatSession:
                 if self.interactive:
                     self.out.print()
                 return None
-            except Terminated:   # SIGTERM at the prompt: leave now (exit 143)
+            except Terminated:  # SIGTERM at the prompt: leave now (exit 143)
                 raise
             except KeyboardInterrupt:
                 if warned or not self.interactive:
@@ -85,11 +101,11 @@ class ChatSession:
                 self.meta("(Ctrl-C again to quit; /quit or Ctrl-D also leave)")
                 continue
             if not self.interactive:
-                self.out.print(f">>> {line}")   # so a scripted transcript shows what was asked
+                self.out.print(f">>> {line}")  # so a scripted transcript shows what was asked
             return line
 
     def loop(self):
-        if hasattr(sys.stdin, "reconfigure"):   # bytes that are not UTF-8 become U+FFFD, not a crash
+        if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD, not a crash
             sys.stdin.reconfigure(errors="replace")
         if self.interactive:
             try:
@@ -109,7 +125,7 @@ class ChatSession:
                         break
                 else:
                     self.answer(line)
-            except KeyboardInterrupt as interrupt:   # during a command, or a second Ctrl-C while handling the first
+            except KeyboardInterrupt as interrupt:  # during a command, or a second Ctrl-C while handling the first
                 self.conversation.recover()
                 self.out.print()
                 self.meta("interrupted")
@@ -121,11 +137,12 @@ class ChatSession:
         try:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
-            if hasattr(turn.generation, "on_row"):   # deliberate: show the branches as they finish
+            if hasattr(turn.generation, "on_row"):  # deliberate: show the branches as they finish
                 from .deliberation import deliberation_progress
+
                 turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
             for event in turn:
-                with deferred():   # a token is written and counted as written, never one without the other
+                with deferred():  # a token is written and counted as written, never one without the other
                     render.write_token(self.out, event.text, event.strategy, self.color)
                     shown += 1
         except KeyboardInterrupt as interrupt:
@@ -135,12 +152,14 @@ class ChatSession:
             for event in turn.events[shown:] if turn is not None else ():
                 render.write_token(self.out, event.text, event.strategy, self.color)
         except ContextOverflowError as e:
-            if turn is None:     # refused before anything ran
+            if turn is None:  # refused before anything ran
                 self.meta(f"context full: {e}")
                 return
-            problem = (f"context full: the conversation reached {self.conversation.context_size} tokens; "
-                       "/reset to start a new conversation")
-        if turn is None:         # Ctrl-C before the turn began
+            problem = (
+                f"context full: the conversation reached {self.conversation.context_size} tokens; "
+                "/reset to start a new conversation"
+            )
+        if turn is None:  # Ctrl-C before the turn began
             self.conversation.recover()
             self.out.print()
             self.meta("interrupted")
@@ -150,7 +169,7 @@ class ChatSession:
             self.out.print(render.summary_line(turn.generation.summary(), prefilled=turn.prefilled))
             if problem:
                 self.meta(problem)
-        if isinstance(interrupted, Terminated):   # SIGTERM: the answer so far is shown; now leave
+        if isinstance(interrupted, Terminated):  # SIGTERM: the answer so far is shown; now leave
             raise interrupted
 
     # -- commands -------------------------------------------------------------
@@ -160,8 +179,15 @@ class ChatSession:
         arg = arg.strip()
         if name in ("/quit", "/exit"):
             return "quit"
-        handler = {"/help": self.help, "/reset": self.reset, "/stats": self.stats, "/sampler": self.set_sampler,
-                   "/seed": self.set_seed, "/system": self.set_system, "/save": self.save}.get(name)
+        handler = {
+            "/help": self.help,
+            "/reset": self.reset,
+            "/stats": self.stats,
+            "/sampler": self.set_sampler,
+            "/seed": self.set_seed,
+            "/system": self.set_system,
+            "/save": self.save,
+        }.get(name)
         if handler is None:
             self.meta(f"unknown command '{name}'; /help lists the commands")
             return None
@@ -224,31 +250,39 @@ class ChatSession:
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
             return
-        data = {"model": self.source.name, "sampler": self.sampler.name, "seed": self.base_seed,
-                **self.conversation.transcript()}
+        data = {
+            "model": self.source.name,
+            "sampler": self.sampler.name,
+            "seed": self.base_seed,
+            **self.conversation.transcript(),
+        }
         path = Path(arg).expanduser()
         try:
             write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         except OSError as e:
-            self.meta(f"error: cannot write {path}: {e.strerror or e}; choose a folder that exists and is "
-                      "writable (the conversation is kept)")
+            self.meta(
+                f"error: cannot write {path}: {e.strerror or e}; choose a folder that exists and is "
+                "writable (the conversation is kept)"
+            )
             return
         self.meta(f"saved {len(self.conversation.turns)} turns to {path}")
 
 
-def chat(model: ModelOpt = None,
-         sampler: SamplerOpt = "entropix",
-         max_tokens: MaxTokensOpt = 256,
-         seed: SeedOpt = DEFAULT_SEED,
-         system: SystemOpt = None,
-         config: ConfigOpt = None,
-         temperature: TemperatureOpt = None,
-         top_p: TopPOpt = None,
-         top_k: TopKOpt = None,
-         min_p: MinPOpt = None,
-         no_color: NoColorOpt = False,
-         weights: WeightsOpt = default_weights(),
-         budget: BudgetOpt = None):
+def chat(
+    model: ModelOpt = None,
+    sampler: SamplerOpt = "entropix",
+    max_tokens: MaxTokensOpt = 256,
+    seed: SeedOpt = DEFAULT_SEED,
+    system: SystemOpt = None,
+    config: ConfigOpt = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    no_color: NoColorOpt = False,
+    weights: WeightsOpt = default_weights(),
+    budget: BudgetOpt = None,
+):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, budget, **overrides)
@@ -257,10 +291,11 @@ def chat(model: ModelOpt = None,
     session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
     try:
         session.loop()
-    except Terminated:   # SIGTERM: what was shown stays; leave with 143
-        raise typer.Exit(143)
+    except Terminated:  # SIGTERM: what was shown stays; leave with 143
+        raise typer.Exit(143) from None
     except BrokenPipeError:
         from .run import silence_stdout
+
         silence_stdout()
 
 

@@ -25,7 +25,7 @@ def deliberation_progress(console, tokenizer, color: bool):
         if result.parent is None:
             line.append("greedy", style=render.strategy_color("argmax") if color else "")
         else:
-            first = tokenizer.decode(result.tokens[result.split:result.split + 1])
+            first = tokenizer.decode(result.tokens[result.split : result.split + 1])
             line.append(f"branch at token {result.split}", style=render.strategy_color("branch") if color else "")
             line.append(f" ({first!r} instead)", style=render.META_STYLE)
         line.append(f" · {own} tokens · {_snippet(tokenizer.decode(result.tokens))!r}", style=render.META_STYLE)

@@ -10,14 +10,14 @@ from typing import Annotated
 
 import typer
 
-from entropix_mlx.backend import default_weights
+from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.loading import DEFAULT_MODEL, resolve
-from entropix_mlx.sampler_registry import SAMPLER_NAMES
+from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
+from entropix_mlx.sampling.registry import SAMPLER_NAMES
 
 from .run import WeightsOpt
 
-DEFAULT_OPEN_TOKENS = 64      # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: it loads MLX)
+DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: it loads MLX)
 
 # Short answers need few tokens, and 8 rows per batch keep both cores of a small
 # CPU busy. A chain of thought needs room to reason (GSM8K solutions run to ~100-200
@@ -32,54 +32,106 @@ def _samplers(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in SAMPLER_NAMES]
     if not names or unknown:
-        raise ConfigError(f"--samplers {value!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
-                          f"give a comma-separated list of: {', '.join(SAMPLER_NAMES)}")
+        raise ConfigError(
+            f"--samplers {value!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+            f"give a comma-separated list of: {', '.join(SAMPLER_NAMES)}"
+        )
     return list(dict.fromkeys(names))
 
 
 def eval_command(
-    tasks: Annotated[Path | None, typer.Argument(
-        help="JSON Lines task file (question, answer, optional choices, prompt, split, category); "
-             "with --open, a text file with one prompt per line.", show_default=False)] = None,
-    builtin: Annotated[bool, typer.Option(
-        "--builtin", help="Use the built-in task file (393 short arithmetic and factual questions, "
-                          "about half dev, half test).")] = False,
-    open_text: Annotated[bool, typer.Option(
-        "--open", help="Open-text quality instead of accuracy: each sampler writes for each prompt of "
-                       "PROMPTS.txt (default: 24 built-in prompts).")] = False,
-    cot: Annotated[bool, typer.Option(
-        "--cot", help="Chain of thought: the model reasons step by step and ends with 'Answer: ...'; "
-                      "the answer is read from its last line. For larger models.")] = False,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", show_default=DEFAULT_MODEL,
-        help="Bundled alias, .gguf file, Hugging Face model directory or repo id.")] = None,
-    samplers: Annotated[str, typer.Option(
-        "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline).")]
-    = DEFAULT_SAMPLERS,
-    split: Annotated[str | None, typer.Option(
-        "--split", show_default="test",
-        help="Items of the dev split (tune on it), the test split (report it) or all. "
-             "Items without a split field are test.")] = None,
-    limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, help="Only the first N items (of the split).")] = None,
-    seeds: Annotated[int, typer.Option(
-        "--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")] = 1,
+    tasks: Annotated[
+        Path | None,
+        typer.Argument(
+            help="JSON Lines task file (question, answer, optional choices, prompt, split, category); "
+            "with --open, a text file with one prompt per line.",
+            show_default=False,
+        ),
+    ] = None,
+    builtin: Annotated[
+        bool,
+        typer.Option(
+            "--builtin",
+            help="Use the built-in task file (393 short arithmetic and factual questions, about half dev, half test).",
+        ),
+    ] = False,
+    open_text: Annotated[
+        bool,
+        typer.Option(
+            "--open",
+            help="Open-text quality instead of accuracy: each sampler writes for each prompt of "
+            "PROMPTS.txt (default: 24 built-in prompts).",
+        ),
+    ] = False,
+    cot: Annotated[
+        bool,
+        typer.Option(
+            "--cot",
+            help="Chain of thought: the model reasons step by step and ends with 'Answer: ...'; "
+            "the answer is read from its last line. For larger models.",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            show_default=DEFAULT_MODEL,
+            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
+        ),
+    ] = None,
+    samplers: Annotated[
+        str,
+        typer.Option(
+            "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline)."
+        ),
+    ] = DEFAULT_SAMPLERS,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split",
+            show_default="test",
+            help="Items of the dev split (tune on it), the test split (report it) or all. "
+            "Items without a split field are test.",
+        ),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N items (of the split).")] = None,
+    seeds: Annotated[
+        int, typer.Option("--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")
+    ] = 1,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**62, help="First run seed.")] = 0,
-    max_tokens: Annotated[int | None, typer.Option(
-        "--max-tokens", min=1, show_default=f"{DEFAULT_MAX_TOKENS}; {COT_MAX_TOKENS} with --cot; "
-                                            f"{DEFAULT_OPEN_TOKENS} with --open",
-        help="Most tokens per answer.")] = None,
-    batch_size: Annotated[int, typer.Option(
-        "--batch-size", min=1, help="Answers decoded together (results do not depend on it).")] = DEFAULT_BATCH_SIZE,
-    config: Annotated[str | None, typer.Option(
-        "--config", show_default="the model card",
-        help="Entropix sampler settings: a TOML file or a preset (reference, calibrated).")] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            min=1,
+            show_default=f"{DEFAULT_MAX_TOKENS}; {COT_MAX_TOKENS} with --cot; {DEFAULT_OPEN_TOKENS} with --open",
+            help="Most tokens per answer.",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Answers decoded together (results do not depend on it).")
+    ] = DEFAULT_BATCH_SIZE,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            show_default="the model card",
+            help="Entropix sampler settings: a TOML file or a preset (reference, calibrated).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes.")] = None,
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) "
-                       "to a PNG.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Directory for results.json and items.jsonl; rerunning with the same DIR resumes."),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) to a PNG.",
+        ),
+    ] = None,
     weights: WeightsOpt = default_weights(),
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
@@ -91,7 +143,7 @@ def eval_command(
 
     names = _samplers(samplers)
     if open_text:
-        if "deliberate" in names:   # it picks among whole answers by their task's answer
+        if "deliberate" in names:  # it picks among whole answers by their task's answer
             raise ConfigError("--samplers deliberate is for task files; --open measures free writing")
         if cot:
             raise ConfigError("--cot is for task files; --open measures free writing (use one of them)")
@@ -124,23 +176,30 @@ def eval_command(
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
-    if "entropix" in names:   # a bad --config fails now, not after the model loads
-        from entropix_mlx.config import resolve_config
+    if "entropix" in names:  # a bad --config fails now, not after the model loads
+        from entropix_mlx.sampling.config import resolve_config
 
         resolve_config(source.name, config)
 
-    from entropix_mlx.sampler_registry import make_sampler
+    from entropix_mlx.sampling.registry import make_sampler
 
     from .run import load_model
 
     llm, tokenizer, source = load_model(model, weights)
 
-    def factory(name):   # the records hold neither metrics nor greedy's log-probabilities
-        return make_sampler(name, tokenizer=tokenizer, model_name=source.name,
-                            config=config if name == "entropix" else None, metrics=False, logprobs=False)
+    def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
+        return make_sampler(
+            name,
+            tokenizer=tokenizer,
+            model_name=source.name,
+            config=config if name == "entropix" else None,
+            metrics=False,
+            logprobs=False,
+        )
 
-    common = dict(samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size,
-                  model_name=source.name)
+    common = dict(
+        samplers=names, seeds=seeds, seed=seed, max_tokens=max_tokens, batch_size=batch_size, model_name=source.name
+    )
     if open_text:
         cfg = ev.OpenConfig(**common, tasks_name="builtin prompts" if tasks is None else Path(path).name)
         run = ev.run_open
@@ -150,8 +209,11 @@ def eval_command(
     try:
         results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
     except KeyboardInterrupt:
-        where = f"; the finished items are in {out}: run the same command again to continue" if out else \
-            "; pass --out DIR to keep finished items and resume"
+        where = (
+            f"; the finished items are in {out}: run the same command again to continue"
+            if out
+            else "; pass --out DIR to keep finished items and resume"
+        )
         print(f"\ninterrupted{where}", file=sys.stderr)
         raise
     if as_json:
@@ -176,8 +238,14 @@ def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
         TimeRemainingColumn,
     )
 
-    columns = (TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         job = bar.add_task("starting", total=None)
         first = {}
@@ -204,7 +272,6 @@ def _console():
 
 
 def print_table(results: dict):
-    from rich.console import Console
     from rich.table import Table
 
     from entropix_mlx.eval import strategy_text, table_rows
@@ -214,11 +281,14 @@ def print_table(results: dict):
     where = f"{results['tasks']} ({split} split)" if split != "all" else results["tasks"]
     if results.get("cot"):
         where += ", chain of thought"
-    table = Table(title=f"{results['model']} on {where}: {results['items']} items, "
-                        f"at most {results['max_tokens']} tokens per answer")
+    table = Table(
+        title=f"{results['model']} on {where}: {results['items']} items, "
+        f"at most {results['max_tokens']} tokens per answer"
+    )
     for column in rows[0]:
-        table.add_column(column, justify="left" if column == "sampler" else "right",
-                         no_wrap=column in ("sampler", "tok/s", "p"))
+        table.add_column(
+            column, justify="left" if column == "sampler" else "right", no_wrap=column in ("sampler", "tok/s", "p")
+        )
     for r in rows:
         table.add_row(*r.values())
     console = _console()
@@ -231,30 +301,37 @@ def print_table(results: dict):
         if summary.get("categories"):
             shares = ", ".join(f"{c} {100 * v['accuracy']:.0f}% of {v['n']}" for c, v in summary["categories"].items())
             console.print(f"{name} by category: {shares}")
-    console.print("tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
-                  "reverse / the same; p: exact two-sided sign test (McNemar).", style="dim")
+    console.print(
+        "tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
+        "reverse / the same; p: exact two-sided sign test (McNemar).",
+        style="dim",
+    )
 
 
 def print_open_table(results: dict):
-    from rich.console import Console
     from rich.table import Table
 
     from entropix_mlx.eval import open_table_rows
 
     rows = open_table_rows(results)
-    table = Table(title=f"{results['model']}: open text on {results['prompts']}, {results['items']} prompts, "
-                        f"at most {results['max_tokens']} tokens")
+    table = Table(
+        title=f"{results['model']}: open text on {results['prompts']}, {results['items']} prompts, "
+        f"at most {results['max_tokens']} tokens"
+    )
     for column in rows[0]:
         table.add_column(column, justify="left" if column == "sampler" else "right", no_wrap=column == "sampler")
     for r in rows:
         table.add_row(*r.values())
     console = _console()
     console.print(table)
-    console.print(f"rep-4: share of 4-grams already seen earlier in the same output (lower: less repetition); "
-                  f"distinct-2: distinct bigrams / bigrams; loop: longest back-to-back repeated span, in tokens; "
-                  f"mean logprob: nats per token under the model (higher: more coherent); early: ended before "
-                  f"{results['early_tokens']} tokens. W/L/T: prompts with less / more / equal repetition than "
-                  f"greedy; p: exact two-sided sign test.", style="dim")
+    console.print(
+        f"rep-4: share of 4-grams already seen earlier in the same output (lower: less repetition); "
+        f"distinct-2: distinct bigrams / bigrams; loop: longest back-to-back repeated span, in tokens; "
+        f"mean logprob: nats per token under the model (higher: more coherent); early: ended before "
+        f"{results['early_tokens']} tokens. W/L/T: prompts with less / more / equal repetition than "
+        f"greedy; p: exact two-sided sign test.",
+        style="dim",
+    )
 
 
 def register(app: typer.Typer):

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import typer
 
-from entropix_mlx.cards import card_path, cards_dir
 from entropix_mlx.errors import ModelLoadError
-from entropix_mlx.loading import BUNDLED, DEFAULT_MODEL, bundled_path, resolve
+from entropix_mlx.model.loading import BUNDLED, DEFAULT_MODEL, bundled_path, resolve
+from entropix_mlx.sampling.cards import card_path, cards_dir
 
 from . import render
 
-SOURCE_KEYS = ("source", "repo", "path", "model")   # where a card may say its model comes from
+SOURCE_KEYS = ("source", "repo", "path", "model")  # where a card may say its model comes from
 
 
 def card_source(path: Path) -> str | None:
@@ -51,8 +51,11 @@ def rows() -> list[tuple[str, str, str, str]]:
         if card.stem in BUNDLED:
             continue
         source = card_source(card)
-        loads_from = where(source) if source and not source.startswith("(") else (
-            source or "(card only: run with --model FILE, DIRECTORY or REPO whose name is " + card.stem + ")")
+        loads_from = (
+            where(source)
+            if source and not source.startswith("(")
+            else (source or "(card only: run with --model FILE, DIRECTORY or REPO whose name is " + card.stem + ")")
+        )
         table.append((card.stem, "card", loads_from, str(card)))
     return table
 
@@ -64,7 +67,7 @@ def models(no_color: bool = typer.Option(False, "--no-color", help="Plain text."
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     # Aligned columns that never wrap, so paths stay whole and the output greps well.
     for i, row in enumerate(table):
-        line = "  ".join([cell.ljust(w) for cell, w in zip(row, widths)] + [row[3]])
+        line = "  ".join([cell.ljust(w) for cell, w in zip(row, widths, strict=False)] + [row[3]])
         console.print(line, style="bold" if i == 0 else None)
 
 

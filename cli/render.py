@@ -18,7 +18,7 @@ STRATEGY_COLORS = {
     "resample": "red",
     "adaptive": "bright_blue",
     "sample": "cyan",
-    "split": "green underline",   # deliberate: a greedy token where branches split off (marked)
+    "split": "green underline",  # deliberate: a greedy token where branches split off (marked)
 }
 # For strategies a future sampler may add: still one distinct colour each.
 SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]
@@ -27,7 +27,7 @@ SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", 
 SAMPLER_STRATEGIES = {
     "entropix": ["argmax", "think", "branch", "resample", "adaptive"],
     "greedy": ["argmax"],
-    "temperature": ["sample", "argmax"],   # temperature 0 is greedy
+    "temperature": ["sample", "argmax"],  # temperature 0 is greedy
     "min_p": ["sample", "argmax"],
     "deliberate": ["argmax", "split", "branch"],
 }
@@ -45,9 +45,14 @@ def make_console(stderr: bool = False, no_color: bool = False) -> Console:
     """A console that writes text as is: no markup, emoji codes, highlighting or
     wrapping (a token must never be split or rewritten). Built per command, so
     that it sees the streams in use at that time (tests swap them)."""
-    return Console(file=sys.stderr if stderr else sys.stdout, markup=False, emoji=False,
-                   highlight=False, soft_wrap=True,
-                   **({"color_system": None} if no_color else {}))
+    return Console(
+        file=sys.stderr if stderr else sys.stdout,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        soft_wrap=True,
+        **({"color_system": None} if no_color else {}),
+    )
 
 
 def token_text(text: str, strategy: str) -> Text:
@@ -80,7 +85,7 @@ def sampler_strategies(sampler) -> list[str]:
 def legend(strategies) -> Text:
     """One line: '■ argmax  ■ think ...', each entry in its strategy's colour."""
     line = Text()
-    line.append("strategies: ", style=META_STYLE)   # append: a Text's own style would tint every entry
+    line.append("strategies: ", style=META_STYLE)  # append: a Text's own style would tint every entry
     for i, name in enumerate(strategies):
         if i:
             line.append("  ")
@@ -106,20 +111,22 @@ def summary_line(summary, prefilled: int | None = None) -> Text:
     parts = [plural(summary.tokens, "token")]
     if prefilled is not None:
         parts.append(f"prefilled {prefilled}")
-    parts += [f"prompt {summary.prompt_tps:.1f} tok/s"] if summary.prompt_tps else []   # deliberate: not measured
-    parts += [f"generation {summary.generation_tps:.1f} tok/s",
-              f"peak {summary.peak_memory_gb:.2f} GB"]
+    parts += [f"prompt {summary.prompt_tps:.1f} tok/s"] if summary.prompt_tps else []  # deliberate: not measured
+    parts += [f"generation {summary.generation_tps:.1f} tok/s", f"peak {summary.peak_memory_gb:.2f} GB"]
     line = Text()
     line.append(" · ".join(parts), style=META_STYLE)
     if summary.strategy_counts:
         line.append(" · ", style=META_STYLE)
         line.append_text(strategy_counts(summary.strategy_counts))
-    if getattr(summary, "deliberation", None):   # deliberate: what the branches cost, who won
+    if getattr(summary, "deliberation", None):  # deliberate: what the branches cost, who won
         d = summary.deliberation
         winner = "the greedy answer" if d["chosen"] == 0 else f"branch {d['chosen']}"
         branches = f"{summary.branches} branch{'' if summary.branches == 1 else 'es'}"
-        line.append(f" · {branches}, {summary.tokens_spent} tokens spent "
-                    f"(budget {summary.budget:g}× the longest) · chose {winner}", style=META_STYLE)
+        line.append(
+            f" · {branches}, {summary.tokens_spent} tokens spent "
+            f"(budget {summary.budget:g}× the longest) · chose {winner}",
+            style=META_STYLE,
+        )
     if summary.thinking_insertions:
         line.append(f" · {plural(summary.thinking_insertions, 'thinking insertion')}", style=META_STYLE)
     line.append(f" · stopped: {summary.finish_reason}", style=META_STYLE)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from entropix_mlx.backend import default_weights
+from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
 
 from .run import ModelOpt, WeightsOpt, load_model
@@ -35,41 +35,70 @@ def _check_address(host: str, port: int):
     except socket.gaierror as e:
         raise ConfigError(f"--host {host}: {e.strerror}; give an address of this machine, e.g. 127.0.0.1") from None
     with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
         try:
             s.bind(address)
         except OSError as e:
             raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
 
 
-def serve(model: ModelOpt = None,
-          host: Annotated[str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes the server "
-                                                            "to the network.")] = "127.0.0.1",
-          port: Annotated[int, typer.Option("--port", callback=_check_port, help="TCP port.")] = 8080,
-          api_key: Annotated[str | None, typer.Option(
-              "--api-key", envvar="ENTROPIX_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1/ (also $ENTROPIX_API_KEY).")] = None,
-          allow_origin: Annotated[list[str] | None, typer.Option(
-              "--allow-origin", metavar="ORIGIN", help="Allow browser pages from this origin (CORS); repeatable. Off by default.")] = None,
-          max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body, bytes.")] = 1_000_000,
-          batch_size: Annotated[int, typer.Option(
-              "--batch-size", min=1, max=64, help="Requests decoded together; more wait in a queue.")] = 8,
-          cache_tokens: Annotated[int, typer.Option(
-              "--cache-tokens", min=0, help="Prompt-prefix cache: most token positions kept (0: off).")] = 32768,
-          weights: WeightsOpt = default_weights()):
+def serve(
+    model: ModelOpt = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes the server to the network.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", callback=_check_port, help="TCP port.")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="ENTROPIX_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on /v1/ (also $ENTROPIX_API_KEY).",
+        ),
+    ] = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-origin",
+            metavar="ORIGIN",
+            help="Allow browser pages from this origin (CORS); repeatable. Off by default.",
+        ),
+    ] = None,
+    max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body, bytes.")] = 1_000_000,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=64, help="Requests decoded together; more wait in a queue.")
+    ] = 8,
+    cache_tokens: Annotated[
+        int, typer.Option("--cache-tokens", min=0, help="Prompt-prefix cache: most token positions kept (0: off).")
+    ] = 32768,
+    weights: WeightsOpt = default_weights(),
+):
     """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave the option out")
     _check_address(host, port)
     llm, tokenizer, source = load_model(model, weights)
     if not _is_loopback(host) and not api_key:
-        print(f"warning: serving on {host} without --api-key: anyone who can reach this address can use it",
-              file=sys.stderr)
+        print(
+            f"warning: serving on {host} without --api-key: anyone who can reach this address can use it",
+            file=sys.stderr,
+        )
     print(f"entropix-mlx serve: {source.name} on http://{host}:{port}/ (OpenAI API at /v1)", file=sys.stderr)
     from entropix_mlx.server import serve as run_server
-    run_server(llm, tokenizer, source.name, host=host, port=port, api_key=api_key,
-               allow_origins=allow_origin or None, max_body=max_body,
-               cache_entries=8 if cache_tokens else 0, cache_tokens=cache_tokens, batch_size=batch_size)
+
+    run_server(
+        llm,
+        tokenizer,
+        source.name,
+        host=host,
+        port=port,
+        api_key=api_key,
+        allow_origins=allow_origin or None,
+        max_body=max_body,
+        cache_entries=8 if cache_tokens else 0,
+        cache_tokens=cache_tokens,
+        batch_size=batch_size,
+    )
 
 
 def register(app: typer.Typer):

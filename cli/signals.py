@@ -48,7 +48,7 @@ def interrupts_raise():
         for signum in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(signum) != signal.SIG_IGN:
                 previous[signum] = signal.signal(signum, _interrupt)
-    except ValueError:   # not the main thread
+    except ValueError:  # not the main thread
         pass
     try:
         yield

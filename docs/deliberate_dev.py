@@ -9,33 +9,59 @@ compare every selector and candidate set offline on that file.
 import argparse
 import json
 
-from entropix_mlx.deliberate import Candidate, deliberate_batch, select
-from entropix_mlx.deliberate_config import SELECTORS, DeliberateConfig
+from entropix_mlx.decode.deliberate import deliberate_batch
+from entropix_mlx.sampling.deliberate_config import SELECTORS, DeliberateConfig
+from entropix_mlx.sampling.selection import Candidate, select
 
-WIDEST = DeliberateConfig(first_alternatives=4, max_branch_points=1, alternatives=1, max_branches=5, budget=6,
-                          branch_entropy=3.3035, branch_varentropy=12.6547)
-GRID = {"greedy": [0], "margin": [0, 0.1, 0.2, 0.3, 0.5], "max_margin": [0, 0.1, 0.2, 0.3, 0.5],
-        "logprob": [0, 0.1, 0.2, 0.3, 0.5], "vote": [0, 1, 2], "weighted_vote": [0, 0.1, 0.2, 0.4],
-        "continuation_logprob": [0, 0.1, 0.2, 0.3, 0.5], "continuation_margin": [0, 0.1, 0.2, 0.3, 0.5]}
-SETS = [(2, False), (3, False), (4, False), (4, True)]   # first-token alternatives kept, gated branch kept
+WIDEST = DeliberateConfig(
+    first_alternatives=4,
+    max_branch_points=1,
+    alternatives=1,
+    max_branches=5,
+    budget=6,
+    branch_entropy=3.3035,
+    branch_varentropy=12.6547,
+)
+GRID = {
+    "greedy": [0],
+    "margin": [0, 0.1, 0.2, 0.3, 0.5],
+    "max_margin": [0, 0.1, 0.2, 0.3, 0.5],
+    "logprob": [0, 0.1, 0.2, 0.3, 0.5],
+    "vote": [0, 1, 2],
+    "weighted_vote": [0, 0.1, 0.2, 0.4],
+    "continuation_logprob": [0, 0.1, 0.2, 0.3, 0.5],
+    "continuation_margin": [0, 0.1, 0.2, 0.3, 0.5],
+}
+SETS = [(2, False), (3, False), (4, False), (4, True)]  # first-token alternatives kept, gated branch kept
 
 
 def generate(path, limit, split="dev", max_tokens=32, batch_size=8):
     from entropix_mlx import load
-    from entropix_mlx.batch import Request
+    from entropix_mlx.decode.prompt import encode_chat
+    from entropix_mlx.decode.rows import Request
     from entropix_mlx.eval import builtin_tasks_path, load_tasks, score, select_split
-    from entropix_mlx.prompt import encode_chat
 
     tasks = select_split(load_tasks(builtin_tasks_path()), split)[:limit]
     model, tokenizer = load()
-    requests = [Request(encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]), 0, max_tokens)
-                for t in tasks]
+    requests = [
+        Request(encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]), 0, max_tokens) for t in tasks
+    ]
     with open(path, "w") as f:
-        for i, d, seconds in deliberate_batch(model, tokenizer, requests, WIDEST,
-                                              lambda i, text: score(text, tasks[i])[0], batch_size=batch_size):
+        for i, d, seconds in deliberate_batch(
+            model, tokenizer, requests, WIDEST, lambda i, text: score(text, tasks[i])[0], batch_size=batch_size
+        ):
             candidates = [{**c.to_dict(), "correct": score(c.text, tasks[i])[1]} for c in d.candidates]
-            f.write(json.dumps({"index": tasks[i].index, "category": tasks[i].category, "seconds": seconds,
-                                "candidates": candidates}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "index": tasks[i].index,
+                        "category": tasks[i].category,
+                        "seconds": seconds,
+                        "candidates": candidates,
+                    }
+                )
+                + "\n"
+            )
 
 
 def candidates_of(item, k, gated):
@@ -67,8 +93,9 @@ def table(path):
     print(f"{len(items)} items, greedy {greedy:.1f}%")
     for k, gated in SETS:
         oracle = 100 * sum(any(ok for _, ok in candidates_of(it, k, gated)) for it in items) / len(items)
-        print(f"-- {k} first-token alternatives{' + 1 gated branch' if gated else ''}: some candidate right "
-              f"{oracle:.1f}%")
+        print(
+            f"-- {k} first-token alternatives{' + 1 gated branch' if gated else ''}: some candidate right {oracle:.1f}%"
+        )
         for selector in SELECTORS:
             cells = " ".join(f"{m:g}:{accuracy(items, selector, m, k, gated):.1f}" for m in GRID[selector])
             print(f"   {selector:22s} {cells}")

@@ -6,24 +6,26 @@ the CLI's own render functions into a recording Rich console.
 
 from pathlib import Path
 
-from rich.console import Console
-
 from entropix_mlx.cli import render
 from entropix_mlx.cli.run import build_sampler, header, load_model, prompt_tokens
-from entropix_mlx.generate import generate
+from rich.console import Console
+
+from entropix_mlx.decode.generate import generate
 
 PROMPT = "Why is the sky blue?"
 SEED = 0
 
 llm, tokenizer, source = load_model(None)
 sampler = build_sampler("entropix", tokenizer, source.name)
-console = Console(record=True, width=100, force_terminal=True, color_system="standard",
-                  markup=False, emoji=False, highlight=False)
+console = Console(
+    record=True, width=100, force_terminal=True, color_system="standard", markup=False, emoji=False, highlight=False
+)
 console.print(f'$ entropix-mlx run "{PROMPT}" --max-tokens 60')
 console.print(header(source, sampler, SEED), style=render.META_STYLE)
 console.print(render.legend(render.sampler_strategies(sampler)))
-generation = generate(llm, tokenizer, prompt_tokens(tokenizer, PROMPT, None, raw=False), sampler,
-                      max_tokens=60, seed=SEED)
+generation = generate(
+    llm, tokenizer, prompt_tokens(tokenizer, PROMPT, None, raw=False), sampler, max_tokens=60, seed=SEED
+)
 answer = render.Text()
 for event in generation:
     answer.append_text(render.token_text(event.text, event.strategy))

@@ -26,8 +26,12 @@ def ask(client, topic, tokens, sampler, out):
     start = time.perf_counter()
     first, n = None, 0
     stream = client.chat.completions.create(
-        model="smollm2-135m", messages=[{"role": "user", "content": f"Tell me about {topic}."}],
-        max_tokens=tokens, stream=True, extra_body={"sampler": sampler})
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": f"Tell me about {topic}."}],
+        max_tokens=tokens,
+        stream=True,
+        extra_body={"sampler": sampler},
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].model_extra.get("entropix"):
             first = first or time.perf_counter() - start
@@ -50,8 +54,12 @@ def run(url, clients, tokens, sampler):
             t.join()
     wall = time.perf_counter() - start
     total = sum(n for n, _, _ in results)
-    return {"tok/s": total / wall, "ttft": statistics.median(f for _, f, _ in results),
-            "latency": statistics.median(d for _, _, d in results), "tokens": total}
+    return {
+        "tok/s": total / wall,
+        "ttft": statistics.median(f for _, f, _ in results),
+        "latency": statistics.median(d for _, _, d in results),
+        "tokens": total,
+    }
 
 
 def main():
@@ -61,13 +69,15 @@ def main():
     parser.add_argument("--sampler", default="greedy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp) / "serve.log") as (url, _):
-        run(url, 1, 4, args.sampler)   # warm-up: first-request costs stay out of the figures
+        run(url, 1, 4, args.sampler)  # warm-up: first-request costs stay out of the figures
         for r in range(args.rounds):
-            for clients in ((1, 8) if r % 2 == 0 else (8, 1)):
+            for clients in (1, 8) if r % 2 == 0 else (8, 1):
                 m = run(url, clients, args.tokens, args.sampler)
-                print(f"round {r + 1} · {clients} client(s) · {m['tokens']} tokens · {m['tok/s']:.2f} tok/s · "
-                      f"median time to first token {m['ttft']:.2f} s · median request {m['latency']:.2f} s",
-                      flush=True)
+                print(
+                    f"round {r + 1} · {clients} client(s) · {m['tokens']} tokens · {m['tok/s']:.2f} tok/s · "
+                    f"median time to first token {m['ttft']:.2f} s · median request {m['latency']:.2f} s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -2,12 +2,11 @@
 
 # Before anything imports mlx.core: a system OpenBLAS loaded now is the BLAS
 # MLX's CPU backend calls (see backend.py).
-from .backend import load_blas
+from .accel.blas import load_blas
 
 load_blas()
 
-from .errors import EntropixError, ModelLoadError, UnsupportedModelError, ContextOverflowError, ConfigError  # noqa: E402
-from .loading import load  # noqa: E402
+from .errors import ConfigError, ContextOverflowError, EntropixError, ModelLoadError, UnsupportedModelError  # noqa: E402
+from .model.loading import load  # noqa: E402
 
-__all__ = ["load", "EntropixError", "ModelLoadError", "UnsupportedModelError",
-           "ContextOverflowError", "ConfigError"]
+__all__ = ["load", "EntropixError", "ModelLoadError", "UnsupportedModelError", "ContextOverflowError", "ConfigError"]

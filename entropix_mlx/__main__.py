@@ -1,6 +1,6 @@
 """`python -m entropix_mlx`: the same app as the `entropix-mlx` script."""
 
-from entropix_mlx.cli.app import main
+from .cli.app import main
 
 if __name__ == "__main__":
     main()

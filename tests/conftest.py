@@ -1,9 +1,12 @@
 """Shared fixtures: tiny random-weight Llama models (milliseconds) and, for the
 few integration tests, the real bundled model (loaded once per session)."""
 
+# isort: off
+import entropix_mlx  # noqa: F401  (first: it loads the system BLAS before mlx.core binds its own)
+
+# isort: on
 import signal
 
-import entropix_mlx  # noqa: F401  (first: it loads the system BLAS before mlx.core binds its own)
 import mlx.core as mx
 import pytest
 
@@ -14,8 +17,8 @@ import pytest
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from entropix_mlx.gguf import gguf_tokenizer
-from entropix_mlx.model import Model, ModelArgs
+from entropix_mlx.model.gguf import gguf_tokenizer
+from entropix_mlx.model.llama import Model, ModelArgs
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -25,7 +28,9 @@ CHAT_TEMPLATE = (
 
 def _byte_tokens():
     # GPT-2's byte-to-unicode map: each of the 256 bytes is one printable symbol.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, n = {}, 0
     for b in range(256):
         if b in printable:
@@ -57,9 +62,17 @@ def make_tiny_tokenizer(**metadata_overrides):
 
 
 TINY_CONFIG = dict(
-    model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=259,
-    rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
+    model_type="llama",
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=259,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
 )
 
 
@@ -104,11 +117,15 @@ def tiny_ref(tmp_path, monkeypatch):
     """A model reference that the CLI resolves, in this process, to a tiny random
     model (64-token context)."""
     from entropix_mlx.cli import run as run_cmd
-    from entropix_mlx.loading import ModelSource
+
+    from entropix_mlx.model.loading import ModelSource
 
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
     model = make_tiny_model(max_position_embeddings=64)
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (model, make_tiny_tokenizer(),
-                                                     ModelSource(str(path), path, "gguf", "tiny")))
+    monkeypatch.setitem(
+        run_cmd._MODELS,
+        (str(path), "auto"),
+        (model, make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "tiny")),
+    )
     return str(path)

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 from entropix_mlx.errors import EntropixError
-from entropix_mlx.loading import load_gguf
+from entropix_mlx.model.loading import load_gguf
 
 base, n_cases, seed, workdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 data = Path(base).read_bytes()

@@ -13,8 +13,16 @@ from contextlib import contextmanager
 import pytest
 
 KEY = "test-key-1234"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
@@ -42,8 +50,11 @@ def running_server(log_path, *args):
     """(base URL, port) of a running `entropix-mlx serve ARGS`, stopped afterwards."""
     port = free_port()
     with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "entropix_mlx", "serve", "--port", str(port), *args],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "entropix_mlx", "serve", "--port", str(port), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while True:
         try:

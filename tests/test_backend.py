@@ -9,16 +9,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-
-from entropix_mlx import backend
-from entropix_mlx.cache import make_cache
-from entropix_mlx.errors import ConfigError
-
 from conftest import make_tiny_model
 
+from entropix_mlx.accel import blas, weights
+from entropix_mlx.errors import ConfigError
+from entropix_mlx.model.cache import make_cache
 
-def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict | None = None,
-                        after: str = "") -> dict:
+
+def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict | None = None, after: str = "") -> dict:
     """blas_info() of a fresh interpreter, with ENTROPIX_BLAS set as given; `after`
     runs once entropix_mlx is imported (its output is not read)."""
     import os
@@ -27,7 +25,7 @@ def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict 
     if env_value is not None:
         env["ENTROPIX_BLAS"] = env_value
     env.update(env_extra or {})
-    code = extra + "import json, entropix_mlx.backend as b; " + after + "print(json.dumps(b.blas_info()))"
+    code = extra + "import json, entropix_mlx.accel.blas as b; " + after + "print(json.dumps(b.blas_info()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -36,7 +34,7 @@ def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict 
 def _openblas_present() -> bool:
     from pathlib import Path
 
-    return sys.platform == "linux" and any(Path(p).exists() for p in backend.OPENBLAS_CANDIDATES)
+    return sys.platform == "linux" and any(Path(p).exists() for p in blas.OPENBLAS_CANDIDATES)
 
 
 # Every layout the shim rewrites (one row or one column, either operand stored
@@ -66,9 +64,11 @@ assert worst < 1e-3, worst
 
 # With the shim's OpenMP kernel, OpenBLAS runs on one thread (the shim splits the big
 # products over its own threads); without it, OpenBLAS keeps its threads (2, set below).
-_THREADS_CHECK = ("import ctypes; i = b.blas_info(); "
-                  "n = ctypes.CDLL(i['path']).openblas_get_num_threads(); "
-                  "assert n == (1 if i['thin_gemm'] else 2), n; ")
+_THREADS_CHECK = (
+    "import ctypes; i = b.blas_info(); "
+    "n = ctypes.CDLL(i['path']).openblas_get_num_threads(); "
+    "assert n == (1 if i['thin_gemm'] else 2), n; "
+)
 
 
 def test_matmuls_are_exact_through_whatever_blas_runs():
@@ -92,11 +92,14 @@ def test_shim_is_built_cached_and_exact(tmp_path):
 
 
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
-@pytest.mark.parametrize("env, reason", [({"ENTROPIX_BLAS_SHIM": "off"}, "ENTROPIX_BLAS_SHIM=off"),
-                                         ({"CC": "/bin/false"}, "could not build it")])
+@pytest.mark.parametrize(
+    "env, reason",
+    [({"ENTROPIX_BLAS_SHIM": "off"}, "ENTROPIX_BLAS_SHIM=off"), ({"CC": "/bin/false"}, "could not build it")],
+)
 def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reason):
-    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), **env},
-                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); ")
+    info = _blas_in_subprocess(
+        None, env_extra={"XDG_CACHE_HOME": str(tmp_path), **env}, after=f"exec({_LAYOUT_CHECK!r}, {{}}); "
+    )
     assert info["name"] == "OpenBLAS" and info["shim"] is None and reason in info["shim_reason"]
 
 
@@ -110,18 +113,21 @@ def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_p
     no_openmp = tmp_path / "cc-without-openmp"
     no_openmp.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) exit 1;; esac\nexec {cc} "$@"\n')
     no_openmp.chmod(0o755)
-    info = _blas_in_subprocess(None, env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp),
-                                                "OPENBLAS_NUM_THREADS": "2"},
-                               after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK)
+    info = _blas_in_subprocess(
+        None,
+        env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp), "OPENBLAS_NUM_THREADS": "2"},
+        after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK,
+    )
     assert info["shim"] and info["shim_reason"] == "" and info["thin_gemm"] is False
 
 
 def _thin_gemm_runs() -> bool:
-    return backend.blas_info()["thin_gemm"]
+    return blas.blas_info()["thin_gemm"]
 
 
-@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
-                    "OpenMP and (x86-64) AVX2")
+@pytest.mark.skipif(
+    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+)
 def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of_keys():
     """A decode step's attention, per row and head: its probabilities against its values are
     bit for bit the same with zero-probability keys in front (a batch's left padding), and its
@@ -137,37 +143,41 @@ def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of
             padded_v = np.concatenate([rng.standard_normal((3, pad, 64)).astype(np.float32), v], axis=1)
             assert mx.array_equal(mx.array(padded_p) @ mx.array(padded_v), alone).item(), (keys, pad)
         q = mx.array(rng.standard_normal((3, 3, 64)).astype(np.float32))
-        k = rng.standard_normal((3, keys + 400, 64)).astype(np.float32)   # 401+ keys: the few-row kernel
+        k = rng.standard_normal((3, keys + 400, 64)).astype(np.float32)  # 401+ keys: the few-row kernel
         many = q @ mx.array(k).swapaxes(-1, -2)
         assert mx.array_equal(many[..., :keys], q @ mx.array(k[:, :keys]).swapaxes(-1, -2)).item(), keys
 
 
-@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
-                    "OpenMP and (x86-64) AVX2")
+@pytest.mark.skipif(
+    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+)
 def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on_the_batch():
     rng = np.random.default_rng(1)
     layer = nn.Linear(576, 1536)
     x = mx.array(rng.standard_normal((1, 64, 576)).astype(np.float32))
-    before = backend.thin_gemm_calls()
+    before = blas.thin_gemm_calls()
     full = layer(x)
     mx.eval(full)
-    assert backend.thin_gemm_calls() == before + 1          # x @ W.T + b: 64 rows, one call
-    for rows in (1, 2, 3, 5, 8, 13, 33):   # every tile edge: each row's numbers are bit for bit the same
+    assert blas.thin_gemm_calls() == before + 1  # x @ W.T + b: 64 rows, one call
+    for rows in (1, 2, 3, 5, 8, 13, 33):  # every tile edge: each row's numbers are bit for bit the same
         assert mx.array_equal(layer(x[:, :rows]), full[:, :rows]).item(), rows
-    assert backend.thin_gemm_calls() == before + 8
+    assert blas.thin_gemm_calls() == before + 8
     one = x[0, :1]
-    mx.eval(layer(mx.concatenate([x, x[:, :1]], axis=1)),   # 65 rows: OpenBLAS
-            one @ mx.array(rng.standard_normal((576, 1)).astype(np.float32)))   # one column: GEMV
-    assert backend.thin_gemm_calls() == before + 8
+    mx.eval(
+        layer(mx.concatenate([x, x[:, :1]], axis=1)),  # 65 rows: OpenBLAS
+        one @ mx.array(rng.standard_normal((576, 1)).astype(np.float32)),
+    )  # one column: GEMV
+    assert blas.thin_gemm_calls() == before + 8
 
 
-@pytest.mark.skipif(not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with "
-                    "OpenMP and (x86-64) AVX2")
+@pytest.mark.skipif(
+    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+)
 def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
     """More than 8 rows take the 4 x 4 tiles where the CPU has AVX-512VL; a row's numbers
     must be those of the 4 x 3 tiles (fewer rows, other CPUs). Shapes with remainders of
     both tile widths, of the 4-row tiles and of K's 8-wide steps."""
-    wide, calls = backend.wide_thin_tiles(True)
+    wide, calls = blas.wide_thin_tiles(True)
     if not wide:
         pytest.skip("this CPU has no AVX-512VL: only the 4 x 3 tiles exist here")
     rng = np.random.default_rng(2)
@@ -176,15 +186,15 @@ def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
             a = mx.array(rng.standard_normal((m, k)).astype(np.float32))
             w = mx.array(rng.standard_normal((n, k)).astype(np.float32))
             with_wide = np.array(a @ w.T)
-            backend.wide_thin_tiles(False)
+            blas.wide_thin_tiles(False)
             narrow = np.array(a @ w.T)
-            backend.wide_thin_tiles(True)
+            blas.wide_thin_tiles(True)
             assert np.array_equal(with_wide, narrow), (m, n, k)
             exact = np.array(a).astype(np.float64) @ np.array(w).astype(np.float64).T
             assert np.abs(with_wide - exact).max() < 1e-3
-        assert backend.wide_thin_tiles(True)[1] == calls + 4   # the 4 x 4 tiles took each product once
+        assert blas.wide_thin_tiles(True)[1] == calls + 4  # the 4 x 4 tiles took each product once
     finally:
-        backend.wide_thin_tiles(True)
+        blas.wide_thin_tiles(True)
 
 
 def test_blas_none_loads_nothing_and_says_why():
@@ -208,7 +218,7 @@ def test_blas_after_mlx_import_is_refused_with_a_reason():
 def test_system_openblas_is_found_when_installed():
     from pathlib import Path
 
-    present = [p for p in backend.OPENBLAS_CANDIDATES if Path(p).exists()]
+    present = [p for p in blas.OPENBLAS_CANDIDATES if Path(p).exists()]
     info = _blas_in_subprocess(None)
     if present:
         assert info["name"] == "OpenBLAS" and info["path"] == present[0]
@@ -218,7 +228,7 @@ def test_system_openblas_is_found_when_installed():
 
 def test_weight_formats_are_checked():
     with pytest.raises(ConfigError, match="'fp8' is not a weight format"):
-        backend.check_weights("fp8")
+        weights.check_weights("fp8")
 
 
 def _quantized_tiny():
@@ -229,26 +239,26 @@ def _quantized_tiny():
 
 
 def test_auto_picks_float32_on_cpu_and_native_over_the_budget(monkeypatch):
-    monkeypatch.setitem(backend._blas, "name", "OpenBLAS")
+    monkeypatch.setitem(blas._blas, "name", "OpenBLAS")
     model = _quantized_tiny()
-    assert backend.weights_format(model) == "native 4-bit"
-    assert backend.choose_weights("auto", model) == "float32"
-    assert backend.choose_weights("native", model) == "native"
-    monkeypatch.setattr(backend, "FLOAT32_BUDGET_BYTES", backend.float32_bytes(model) - 1)
-    assert backend.choose_weights("auto", model) == "native"
+    assert weights.weights_format(model) == "native 4-bit"
+    assert weights.choose_weights("auto", model) == "float32"
+    assert weights.choose_weights("native", model) == "native"
+    monkeypatch.setattr(weights, "FLOAT32_BUDGET_BYTES", weights.float32_bytes(model) - 1)
+    assert weights.choose_weights("auto", model) == "native"
 
 
 def test_auto_keeps_the_native_weights_without_a_real_blas(monkeypatch):
     """On Linux without OpenBLAS, MLX's reference BLAS makes float32 no faster than the
     quantized kernel (and 4.7x the memory): auto keeps the file's format; asked for, float32
     still runs."""
-    monkeypatch.setattr(backend.sys, "platform", "linux")
-    monkeypatch.setitem(backend._blas, "name", None)
+    monkeypatch.setattr(weights.sys, "platform", "linux")
+    monkeypatch.setitem(blas._blas, "name", None)
     model = _quantized_tiny()
-    assert backend.choose_weights("auto", model) == "native"
-    assert backend.choose_weights("float32", model) == "float32"
-    monkeypatch.setitem(backend._blas, "name", "OpenBLAS")
-    assert backend.choose_weights("auto", model) == "float32"
+    assert weights.choose_weights("auto", model) == "native"
+    assert weights.choose_weights("float32", model) == "float32"
+    monkeypatch.setitem(blas._blas, "name", "OpenBLAS")
+    assert weights.choose_weights("auto", model) == "float32"
 
 
 def test_float32_bytes_counts_dequantized_weights():
@@ -256,7 +266,7 @@ def test_float32_bytes_counts_dequantized_weights():
     plain = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(model.parameters())) * 4
     quantized = _quantized_tiny()
     # same parameter count once dequantized: quantization scales and biases do not count
-    assert backend.float32_bytes(quantized) == plain
+    assert weights.float32_bytes(quantized) == plain
 
 
 def test_to_float32_matches_the_quantized_model_computed_in_float32():
@@ -265,24 +275,28 @@ def test_to_float32_matches_the_quantized_model_computed_in_float32():
     model = _quantized_tiny()
     model.set_dtype(mx.float32)
     reference_logits, reference_scores = model(mx.array([[5, 17, 99, 3, 42]]), make_cache(model))
-    fast = backend.to_float32(_quantized_tiny())
-    assert backend.weights_format(fast) == "float32"
+    fast = weights.to_float32(_quantized_tiny())
+    assert weights.weights_format(fast) == "float32"
     assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in fast.named_modules())
     logits, scores = fast(mx.array([[5, 17, 99, 3, 42]]), make_cache(fast))
     assert mx.abs(logits - reference_logits).max().item() < 1e-4
-    assert all(mx.abs(a - b).max().item() < 1e-4 for a, b in zip(scores, reference_scores))
+    assert all(mx.abs(a - b).max().item() < 1e-4 for a, b in zip(scores, reference_scores, strict=False))
 
 
 def test_describe_names_device_format_and_blas():
-    text = backend.describe(backend.to_float32(_quantized_tiny()))
+    text = weights.describe(weights.to_float32(_quantized_tiny()))
     assert text.startswith("cpu · float32 weights · ")
-    assert text.endswith(backend.blas_name())
-    assert backend.describe(_quantized_tiny()) == "cpu · native 4-bit weights"
+    assert text.endswith(blas.blas_name())
+    assert weights.describe(_quantized_tiny()) == "cpu · native 4-bit weights"
 
 
 def test_cli_rejects_a_bad_weight_format_in_one_line():
-    out = subprocess.run([sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", "run", "hi", "--weights", "fp8"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", "run", "hi", "--weights", "fp8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "'fp8' is not a weight format" in lines[0]
@@ -305,27 +319,30 @@ def test_bundled_float32_logits_match_native_within_1e_3(smollm, smollm_native):
     exact, _ = load(weights="native")
     exact.set_dtype(mx.float32)
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True)
+        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True
+    )
     models = (fast, exact, native)
     caches = [make_cache(m) for m in models]
-    logits = [m(mx.array([ids]), c)[0] for m, c in zip(models, caches)]
+    logits = [m(mx.array([ids]), c)[0] for m, c in zip(models, caches, strict=False)]
     for step in range(21):
         assert mx.abs(logits[0] - logits[1]).max().item() < 1e-3, f"step {step}"
         token = mx.argmax(logits[0][0, -1]).item()
         assert token == mx.argmax(logits[2][0, -1]).item(), f"step {step}"
-        logits = [m(mx.array([[token]]), c)[0] for m, c in zip(models, caches)]
+        logits = [m(mx.array([[token]]), c)[0] for m, c in zip(models, caches, strict=False)]
 
 
 @pytest.mark.slow
 def test_bundled_float32_greedy_equals_native_on_three_prompts(smollm, smollm_native):
     """16 tokens each here (the README reports 40, measured the same way)."""
-    from entropix_mlx.generate import generate
-    from entropix_mlx.samplers import GreedySampler
+    from entropix_mlx.decode.generate import generate
+    from entropix_mlx.sampling.samplers import GreedySampler
 
     fast, tokenizer = smollm
     native, _ = smollm_native
     for prompt in ("Why is the sky blue?", "Write a haiku about rain.", "What is 12 times 7?"):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        answers = [[e.token for e in generate(m, tokenizer, ids, GreedySampler(metrics=False), max_tokens=16)]
-                   for m in (fast, native)]
+        answers = [
+            [e.token for e in generate(m, tokenizer, ids, GreedySampler(metrics=False), max_tokens=16)]
+            for m in (fast, native)
+        ]
         assert answers[0] == answers[1], prompt

@@ -6,19 +6,21 @@ import numpy as np
 import pytest
 from conftest import make_tiny_model
 
-from entropix_mlx.batch import Request, generate_batch
-from entropix_mlx.config import SamplerConfig
-from entropix_mlx.entropix import EntropixSampler
+from entropix_mlx.decode.engine import generate_batch
+from entropix_mlx.decode.generate import generate
+from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ContextOverflowError
-from entropix_mlx.generate import generate
-from entropix_mlx.samplers import Choice, GreedySampler, TemperatureSampler
+from entropix_mlx.sampling.config import SamplerConfig
+from entropix_mlx.sampling.entropix import EntropixSampler
+from entropix_mlx.sampling.samplers import Choice, GreedySampler, TemperatureSampler
 
-EOS = 2   # <|im_end|> in the tiny tokenizer
+EOS = 2  # <|im_end|> in the tiny tokenizer
 
 
 def prompts_of(tokenizer, texts):
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
-            for t in texts]
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)) for t in texts
+    ]
 
 
 TEXTS = ["hi", "What is 7 + 5?", "a somewhat longer question about nothing in particular", "ok?", "Tell me."]
@@ -59,7 +61,7 @@ def test_greedy_rows_equal_unbatched_runs(tiny_tokenizer, batch_size, groups):
     prompts = prompts_of(tiny_tokenizer, TEXTS)
     requests = [Request(p, seed=i, max_tokens=6 + 2 * i) for i, p in enumerate(prompts)]
     out = batched(model, tiny_tokenizer, requests, GreedySampler, batch_size, groups=groups)
-    for i, (p, r) in enumerate(zip(prompts, requests)):
+    for i, (p, r) in enumerate(zip(prompts, requests, strict=False)):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, r.seed)
         assert out[i].finish_reason == "length" and len(out[i].tokens) == r.max_tokens
 
@@ -82,7 +84,10 @@ def test_sampled_rows_follow_their_own_seed(tiny_tokenizer):
     model = make_model()
     prompts = prompts_of(tiny_tokenizer, TEXTS)
     requests = [Request(p, seed=100 + i, max_tokens=10) for i, p in enumerate(prompts)]
-    make = lambda: TemperatureSampler(temperature=1.0)
+
+    def make():
+        return TemperatureSampler(temperature=1.0)
+
     out = batched(model, tiny_tokenizer, requests, make, 4, groups=2)
     for i, p in enumerate(prompts):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, make(), 10, 100 + i)
@@ -118,7 +123,7 @@ class RecordsScores(GreedySampler):
 def test_rows_see_their_own_scores_without_padding(tiny_tokenizer):
     model = make_model()
     prompts = prompts_of(tiny_tokenizer, ["hi", "a much longer prompt than the first one"])
-    assert len(prompts[0]) < len(prompts[1])     # row 0 is left-padded in the batch
+    assert len(prompts[0]) < len(prompts[1])  # row 0 is left-padded in the batch
     samplers = []
 
     def make():
@@ -127,18 +132,18 @@ def test_rows_see_their_own_scores_without_padding(tiny_tokenizer):
 
     requests = [Request(p, 0, 5) for p in prompts]
     out = batched(model, tiny_tokenizer, requests, make, 2, groups=1)
-    assert len(samplers) == 2 and all(len(s.seen) == 5 for s in samplers)   # one slot per row
+    assert len(samplers) == 2 and all(len(s.seen) == 5 for s in samplers)  # one slot per row
     for s in samplers:
         # Which prompt the slot served: its first scores span exactly that prompt's keys.
         width0 = s.seen[0][1][0].shape[-1]
         i = [len(p) for p in prompts].index(width0)
         ref = RecordsScores()
         unbatched(model, tiny_tokenizer, prompts[i], ref, 5, 0)
-        for t, ((logits, scores), (ref_logits, ref_scores)) in enumerate(zip(s.seen, ref.seen)):
-            assert [x.shape for x in scores] == [(4, len(prompts[i]) + t)] * 2     # heads x real keys only
+        for t, ((logits, scores), (ref_logits, ref_scores)) in enumerate(zip(s.seen, ref.seen, strict=False)):
+            assert [x.shape for x in scores] == [(4, len(prompts[i]) + t)] * 2  # heads x real keys only
             assert np.isfinite(np.concatenate([x.ravel() for x in scores])).all()
             np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
-            for a, b in zip(scores, ref_scores):
+            for a, b in zip(scores, ref_scores, strict=False):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
         assert out[i].tokens == unbatched(model, tiny_tokenizer, prompts[i], GreedySampler(), 5, 0)
 
@@ -184,7 +189,7 @@ class CountsCalls:
         self.calls.append(inputs.shape)
         return self.model(inputs, *args, **kwargs)
 
-    def packed(self, segments, *args, **kwargs):   # several inputs in one pass: each counts
+    def packed(self, segments, *args, **kwargs):  # several inputs in one pass: each counts
         self.calls += [seg.tokens.shape for seg in segments]
         return self.model.packed(segments, *args, **kwargs)
 
@@ -199,7 +204,7 @@ def test_a_choice_that_ends_the_answer_finishes_the_row_without_feeding_it(tiny_
     for i, p in enumerate(prompts):
         assert out[i].tokens == [70, 71] and out[i].logprobs == [-0.1, -0.2] and out[i].finish_reason == "eos"
         assert out[i].tokens == unbatched(model.model, tiny_tokenizer, p, EndsAfterTwo(), 10, 0)
-    assert model.calls == [(1, len(p)) for p in prompts]     # the prompts' prefills, nothing else
+    assert model.calls == [(1, len(p)) for p in prompts]  # the prompts' prefills, nothing else
 
 
 class RecordsPasses(CountsCalls):
@@ -217,10 +222,9 @@ def test_waiting_prompts_ride_along_in_the_rows_forward_pass(tiny_tokenizer):
     with the other rows' next tokens, and its row's answer is unchanged."""
     model = RecordsPasses(make_model())
     prompts = prompts_of(tiny_tokenizer, TEXTS[:4])
-    out = batched(model, tiny_tokenizer, [Request(p, 0, 6 + 3 * i) for i, p in enumerate(prompts)],
-                  GreedySampler, 2)
-    assert model.passes[0] == [(1, len(prompts[0])), (1, len(prompts[1]))]   # both slots fill at once
-    for p in prompts[2:]:   # the later prompts join a pass that also feeds the other row
+    out = batched(model, tiny_tokenizer, [Request(p, 0, 6 + 3 * i) for i, p in enumerate(prompts)], GreedySampler, 2)
+    assert model.passes[0] == [(1, len(prompts[0])), (1, len(prompts[1]))]  # both slots fill at once
+    for p in prompts[2:]:  # the later prompts join a pass that also feeds the other row
         joined = [shapes for shapes in model.passes if (1, len(p)) in shapes]
         assert len(joined) == 1 and any(rows_and_length[1] == 1 for rows_and_length in joined[0])
     for i, p in enumerate(prompts):
@@ -231,16 +235,31 @@ def entropix(tokenizer, **changes):
     return EntropixSampler(SamplerConfig(**changes), tokenizer)
 
 
-@pytest.mark.parametrize("changes", [
-    # branch at every step: rollouts on the row's own cache, accepted paths rejoin the batch
-    {"strategies": ("branch", "adaptive"), "low_entropy": 0.0, "low_varentropy": 0.0, "medium_entropy": 50.0,
-     "high_entropy": 100.0, "high_varentropy": 0.0, "branch_rollout_tokens": 2},
-    # think at every step: the thinking text is run by the sampler (Choice.advanced)
-    {"strategies": ("think", "adaptive"), "low_entropy": 0.0, "medium_entropy": 0.0, "think_varentropy": 1e9,
-     "thinking_text": " (hm)"},
-    # the default decision table
-    {},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # branch at every step: rollouts on the row's own cache, accepted paths rejoin the batch
+        {
+            "strategies": ("branch", "adaptive"),
+            "low_entropy": 0.0,
+            "low_varentropy": 0.0,
+            "medium_entropy": 50.0,
+            "high_entropy": 100.0,
+            "high_varentropy": 0.0,
+            "branch_rollout_tokens": 2,
+        },
+        # think at every step: the thinking text is run by the sampler (Choice.advanced)
+        {
+            "strategies": ("think", "adaptive"),
+            "low_entropy": 0.0,
+            "medium_entropy": 0.0,
+            "think_varentropy": 1e9,
+            "thinking_text": " (hm)",
+        },
+        # the default decision table
+        {},
+    ],
+)
 def test_entropix_rows_equal_unbatched_runs_even_when_the_sampler_runs_the_model(tiny_tokenizer, changes):
     model = make_model()
     prompts = prompts_of(tiny_tokenizer, TEXTS[:4])
@@ -283,9 +302,9 @@ def test_every_rows_decision_takes_one_host_sync_and_equals_its_own_choose(tiny_
     keeps it."""
     import mlx.core as mx
 
-    from entropix_mlx.cache import make_cache
-    from entropix_mlx.generate import prefill
-    from entropix_mlx.samplers import MinPSampler, Step, choose_together
+    from entropix_mlx.decode.generate import prefill
+    from entropix_mlx.model.cache import make_cache
+    from entropix_mlx.sampling.samplers import MinPSampler, Step, choose_together
 
     model = make_model()
     steps = []
@@ -297,13 +316,13 @@ def test_every_rows_decision_takes_one_host_sync_and_equals_its_own_choose(tiny_
     def samplers():
         return [GreedySampler(), TemperatureSampler(1.0, metrics=False), MinPSampler(), EntropixSampler()]
 
-    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys)]
+    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys, strict=False)]
     evals = []
     real_eval = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: evals.append(a) or real_eval(*a))
     together = choose_together(samplers(), steps, keys)
-    assert len(evals) == 1      # none of these steps branched, so no rollout needed a sync of its own
-    for a, b in zip(alone, together):
+    assert len(evals) == 1  # none of these steps branched, so no rollout needed a sync of its own
+    for a, b in zip(alone, together, strict=False):
         assert (a.tokens, a.strategy, a.logprobs, a.params) == (b.tokens, b.strategy, b.logprobs, b.params)
         assert a.metrics == pytest.approx(b.metrics)
 
@@ -322,12 +341,19 @@ def test_a_long_prompt_joins_a_batch_that_sheds_its_shared_padding(tiny_tokenize
     (it would not fit the next step's cache); it joins the other way, and every
     answer equals its unbatched run."""
     model = make_model()
-    ids = lambda n, start: [3 + (start + 7 * j) % 250 for j in range(n)]   # byte tokens of the tiny tokenizer
+
+    def ids(n, start):
+        return [3 + (start + 7 * j) % 250 for j in range(n)]  # byte tokens of the tiny tokenizer
+
     prompts = [ids(5, 0), ids(5, 1), ids(30, 2), ids(joiner_length, 3)]
-    requests = [Request(prompts[0], 0, 3), Request(prompts[1], 0, 9), Request(prompts[2], 0, 3),
-                Request(prompts[3], 0, 4)]
+    requests = [
+        Request(prompts[0], 0, 3),
+        Request(prompts[1], 0, 9),
+        Request(prompts[2], 0, 3),
+        Request(prompts[3], 0, 4),
+    ]
     out = batched(model, tiny_tokenizer, requests, GreedySampler, 3, groups=1)
-    for i, (p, r) in enumerate(zip(prompts, requests)):
+    for i, (p, r) in enumerate(zip(prompts, requests, strict=False)):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, 0)
         assert out[i].finish_reason == "length"
 
@@ -339,9 +365,9 @@ def test_argmax_only_rows_decide_in_one_stacked_argmax_and_equal_their_own_choos
     so) and next to a row whose sampler is not argmax-only."""
     import mlx.core as mx
 
-    from entropix_mlx.cache import make_cache
-    from entropix_mlx.generate import prefill
-    from entropix_mlx.samplers import Step, choose_together
+    from entropix_mlx.decode.generate import prefill
+    from entropix_mlx.model.cache import make_cache
+    from entropix_mlx.sampling.samplers import Step, choose_together
 
     model = make_model()
     steps = []
@@ -355,12 +381,14 @@ def test_argmax_only_rows_decide_in_one_stacked_argmax_and_equal_their_own_choos
     def samplers():
         return [GreedySampler(False, False), GreedySampler(False, False), GreedySampler(), GreedySampler(False, False)]
 
-    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys)]
+    alone = [s.choose(step, key) for s, step, key in zip(samplers(), steps, keys, strict=False)]
     planned = []
     real_plan = GreedySampler.plan
-    monkeypatch.setattr(GreedySampler, "plan", lambda self, step, key: planned.append(self) or real_plan(self, step, key))
+    monkeypatch.setattr(
+        GreedySampler, "plan", lambda self, step, key: planned.append(self) or real_plan(self, step, key)
+    )
     together = choose_together(samplers(), steps, keys)
-    assert len(planned) == 1 and planned[0].logprobs    # only the row that wants its log-probability
-    for a, b in zip(alone, together):
+    assert len(planned) == 1 and planned[0].logprobs  # only the row that wants its log-probability
+    for a, b in zip(alone, together, strict=False):
         assert (a.tokens, a.strategy, a.logprobs, a.note) == (b.tokens, b.strategy, b.logprobs, b.note)
     assert together[1].tokens != [top] and together[1].note == "NaN logits ignored"

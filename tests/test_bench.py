@@ -8,14 +8,15 @@ import json
 import mlx.core as mx
 import pytest
 from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.cli.app import main
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from entropix_mlx.cli.app import main
-from entropix_mlx import bench
+from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.generate import generate
-from entropix_mlx.sampler_registry import make_sampler
+from entropix_mlx.eval import bench
+from entropix_mlx.eval import profile as profiling
+from entropix_mlx.sampling.registry import make_sampler
 
 FIGURES = ("prefill_tps", "first_token_s", "decode_tps", "peak_memory_gb")
 
@@ -45,18 +46,19 @@ def check_result(result: dict, prompt_tokens: int, gen_tokens: int, runs: int):
     assert result["ratios"]["decode_greedy"] == pytest.approx(greedy["decode_tps"] / ref["decode_tps"])
     assert result["ratios"]["prefill"] == pytest.approx(ours["prefill_tps"] / ref["prefill_tps"])
     assert result["ratios"]["first_token"] == pytest.approx(ref["first_token_s"] / ours["first_token_s"])
-    for name in bench.VARIANTS:   # the first token comes after the prompt's logits, never before
+    for name in bench.VARIANTS:  # the first token comes after the prompt's logits, never before
         assert result[name]["first_token_s"] >= prompt_tokens / result[name]["prefill_tps"] * 0.999, name
     assert result["ratios"]["memory"] == pytest.approx(ours["peak_memory_gb"] / ref["peak_memory_gb"])
     assert sum(result["entropix"]["strategy_counts"].values()) == gen_tokens
 
 
 def test_bench_on_a_tiny_model_gives_every_figure(tiny_model, tiny_tokenizer):
-    result = bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny",
-                         prompt_tokens=12, gen_tokens=6, repeats=2)
+    result = bench.bench(
+        tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=12, gen_tokens=6, repeats=2
+    )
     check_result(result, 12, 6, runs=2)
     assert result["model"] == "tiny"
-    json.dumps(result)   # the --json output is plain data
+    json.dumps(result)  # the --json output is plain data
 
 
 def eos_only_model():
@@ -82,7 +84,7 @@ def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
     ours = bench.run_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False))
     assert theirs.gen_tokens == ours.gen_tokens == 8
     assert ours.strategy_counts == {"argmax": 8}
-    assert tokenizer.eos_token_ids == {0}   # restored afterwards
+    assert tokenizer.eos_token_ids == {0}  # restored afterwards
 
 
 def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
@@ -93,12 +95,18 @@ def test_runs_take_turns_a_chunk_at_a_time_in_a_rotating_order():
             log.append(name)
             yield i
 
-    runs = {name: bench.Run(tokens(name, n), 4, 0, list, lambda first: 1.0)
-            for name, n in (("a", 2 * bench.CHUNK_TOKENS), ("b", 2 * bench.CHUNK_TOKENS), ("c", bench.CHUNK_TOKENS + 3))}
+    runs = {
+        name: bench.Run(tokens(name, n), 4, 0, list, lambda first: 1.0)
+        for name, n in (("a", 2 * bench.CHUNK_TOKENS), ("b", 2 * bench.CHUNK_TOKENS), ("c", bench.CHUNK_TOKENS + 3))
+    }
     bench.interleaved(runs)
     turns = [log[i] for i in range(0, len(log), bench.CHUNK_TOKENS)]
-    assert turns[:3] == ["a", "b", "c"] and turns[3:] == ["b", "c", "a"]   # round 2 starts one later
-    assert [runs[n].generated for n in "abc"] == [2 * bench.CHUNK_TOKENS, 2 * bench.CHUNK_TOKENS, bench.CHUNK_TOKENS + 3]
+    assert turns[:3] == ["a", "b", "c"] and turns[3:] == ["b", "c", "a"]  # round 2 starts one later
+    assert [runs[n].generated for n in "abc"] == [
+        2 * bench.CHUNK_TOKENS,
+        2 * bench.CHUNK_TOKENS,
+        bench.CHUNK_TOKENS + 3,
+    ]
     # Every token after a run's first is a counted step, whichever turn it falls in.
     assert [runs[n].decode_steps for n in "abc"] == [2 * bench.CHUNK_TOKENS - 1] * 2 + [bench.CHUNK_TOKENS + 2]
 
@@ -143,7 +151,7 @@ def test_bench_rejects_sizes_it_cannot_run(tiny_model, tiny_tokenizer):
 
 
 def test_profile_times_every_part(tiny_model, tiny_tokenizer):
-    p = bench.profile(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=10, steps=5)
+    p = profiling.profile(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", prompt_tokens=10, steps=5)
     parts = {"model", "metrics", "candidates", "decision", "mlx_lm_model"}
     assert set(p["step_ms"]) == set(p["step_ms_mean"]) == parts
     assert p["step_ms"]["metrics"] > 0 and p["step_ms_mean"]["mlx_lm_model"] > 0
@@ -152,11 +160,23 @@ def test_profile_times_every_part(tiny_model, tiny_tokenizer):
 
 
 def test_table_shows_every_variant_and_ratio(capsys):
-    variant = {"prefill_tps": 10.0, "first_token_s": 0.9, "decode_tps": 5.0, "peak_memory_gb": 0.12, "tokens": 4,
-               "runs": 1}
-    result = {"model": "m", "prompt_tokens": 8, "gen_tokens": 4, "mlx_lm": variant, "entropix_greedy": variant,
-              "entropix": {**variant, "decode_tps": 4.5, "strategy_counts": {"argmax": 3, "branch": 1}},
-              "ratios": {"prefill": 1.0, "first_token": 1.5, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0}}
+    variant = {
+        "prefill_tps": 10.0,
+        "first_token_s": 0.9,
+        "decode_tps": 5.0,
+        "peak_memory_gb": 0.12,
+        "tokens": 4,
+        "runs": 1,
+    }
+    result = {
+        "model": "m",
+        "prompt_tokens": 8,
+        "gen_tokens": 4,
+        "mlx_lm": variant,
+        "entropix_greedy": variant,
+        "entropix": {**variant, "decode_tps": 4.5, "strategy_counts": {"argmax": 3, "branch": 1}},
+        "ratios": {"prefill": 1.0, "first_token": 1.5, "decode": 0.9, "decode_greedy": 1.0, "memory": 1.0},
+    }
     from entropix_mlx.cli.bench import print_tables
 
     print_tables(result)
@@ -188,15 +208,18 @@ def test_cli_json_on_the_bundled_model(capsys):
 
 def test_compute_paths_name_each_side():
     import mlx.nn as nn
-
-    from entropix_mlx.backend import blas_name, to_float32
-    from entropix_mlx.bench import compute_paths
-
     from conftest import make_tiny_model
+
+    from entropix_mlx.accel.blas import blas_name
+    from entropix_mlx.accel.weights import to_float32
+    from entropix_mlx.eval.bench import compute_paths
 
     theirs = make_tiny_model()
     nn.quantize(theirs, group_size=32, bits=4)
     ours = to_float32(make_tiny_model())
     paths = compute_paths(ours, theirs)
-    assert paths == {"mlx_lm": "cpu · native 4-bit weights · MLX quantized matmul",
-                     "entropix": f"cpu · float32 weights · {blas_name()}", "blas": blas_name()}
+    assert paths == {
+        "mlx_lm": "cpu · native 4-bit weights · MLX quantized matmul",
+        "entropix": f"cpu · float32 weights · {blas_name()}",
+        "blas": blas_name(),
+    }

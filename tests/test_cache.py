@@ -5,11 +5,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from entropix_mlx import generate as generate_module
-from entropix_mlx.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache, trim_cache
+from entropix_mlx.decode import generate as generate_module
+from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
-from entropix_mlx.generate import generate
-from entropix_mlx.samplers import GreedySampler
+from entropix_mlx.model.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache, trim_cache
+from entropix_mlx.sampling.samplers import GreedySampler
 
 
 def kv(n, start=0, heads=2, dim=8):
@@ -107,7 +107,7 @@ def full_forward_last(model, tokens):
 def assert_same(a, b, atol=1e-4):
     (logits_a, scores_a), (logits_b, scores_b) = a, b
     np.testing.assert_allclose(np.array(logits_a[:, -1]), np.array(logits_b[:, -1]), atol=atol, rtol=atol)
-    for s, t in zip(scores_a, scores_b):
+    for s, t in zip(scores_a, scores_b, strict=False):
         assert s.shape == t.shape
         np.testing.assert_allclose(np.array(s), np.array(t), atol=atol, rtol=atol)
 
@@ -200,17 +200,17 @@ def test_fork_cache_list_forks_every_layer(tiny_model):
     cache = make_cache(tiny_model)
     tiny_model(mx.array([[1, 2, 3]]), cache)
     forked = fork_cache(cache)
-    assert len(forked) == len(cache) and all(f is not c for f, c in zip(forked, cache))
+    assert len(forked) == len(cache) and all(f is not c for f, c in zip(forked, cache, strict=False))
     tiny_model(mx.array([[4, 5]]), forked)
     assert cache_length(forked) == 5 and cache_length(cache) == 3
-    assert all(f.max_size == c.max_size for f, c in zip(forked, cache))
+    assert all(f.max_size == c.max_size for f, c in zip(forked, cache, strict=False))
 
 
 def test_a_joining_cache_takes_a_rows_slot_in_place_and_shared_padding_is_dropped():
     """`RowsKVCache.place`: a batch-1 cache becomes one row's last positions, the
     rest of that row padding; the other rows keep their keys. `drop_padding`
     forgets columns every row pads, moving nobody's real keys."""
-    from entropix_mlx.cache import RowsKVCache
+    from entropix_mlx.model.cache import RowsKVCache
 
     batch = RowsKVCache([1, 0, 2])
     k, v = kv(5)
@@ -221,16 +221,16 @@ def test_a_joining_cache_takes_a_rows_slot_in_place_and_shared_padding_is_droppe
 
     keys, values = batch.keys_and_values()
     assert batch.left_padding.tolist() == [1, 2, 2] and batch.offset.tolist() == [4, 3, 3]
-    assert np.array(keys[1, 0, 2:, 0]).tolist() == [50, 51, 52]     # the joiner's, right-aligned
+    assert np.array(keys[1, 0, 2:, 0]).tolist() == [50, 51, 52]  # the joiner's, right-aligned
     assert mx.array_equal(values[1, :, 2:], -keys[1, :, 2:])
-    assert np.array(keys[0, 0, 1:, 0]).tolist() == [1, 2, 3, 4]   # other rows untouched
+    assert np.array(keys[0, 0, 1:, 0]).tolist() == [1, 2, 3, 4]  # other rows untouched
     assert np.array(keys[2, 0, 2:, 0]).tolist() == [202, 203, 204]
 
     batch.drop_padding(1)
     keys, _ = batch.keys_and_values()
     assert batch.left_padding.tolist() == [0, 1, 1] and keys.shape[2] == 4
     assert np.array(keys[1, 0, 1:, 0]).tolist() == [50, 51, 52]
-    assert np.array(keys[2, 0, 1:, 0]).tolist() == [202, 203, 204]   # its padding was 2
+    assert np.array(keys[2, 0, 1:, 0]).tolist() == [202, 203, 204]  # its padding was 2
 
     too_long = KVCache()
     too_long.update_and_fetch(*kv(5))

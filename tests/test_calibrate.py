@@ -4,14 +4,14 @@ import tomllib
 
 import numpy as np
 import pytest
+from conftest import make_tiny_model
 
 from entropix_mlx import files
-from entropix_mlx import calibrate as cal
-from entropix_mlx.config import SamplerConfig, load_toml
-from entropix_mlx.metrics import METRIC_NAMES
-from entropix_mlx.sampler_registry import make_sampler
-
-from conftest import make_tiny_model
+from entropix_mlx.eval import tune as tuning
+from entropix_mlx.sampling import calibrate as cal
+from entropix_mlx.sampling.config import SamplerConfig, load_toml
+from entropix_mlx.sampling.metrics import METRIC_NAMES
+from entropix_mlx.sampling.registry import make_sampler
 
 
 def synthetic_samples(n=1000, seed=0):
@@ -30,7 +30,7 @@ def test_thresholds_sit_at_their_quantiles():
             assert np.mean(s[metric] < t[name]) == pytest.approx(q, abs=0.002), name
     uncertain = s["varentropy"][s["entropy"] > t["medium_entropy"]]
     assert np.mean(uncertain < t["think_varentropy"]) == pytest.approx(cal.QUANTILES["think_varentropy"][1], abs=0.005)
-    SamplerConfig().replace(**t)                     # a valid config
+    SamplerConfig().replace(**t)  # a valid config
 
 
 def test_thresholds_stay_ordered_on_degenerate_data():
@@ -42,18 +42,21 @@ def test_thresholds_stay_ordered_on_degenerate_data():
 
 def test_card_round_trip_keeps_user_settings_and_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "m.toml"
-    path.write_text('[sampler]\nthinking_text = " Hmm,"\nlow_entropy = 99.0\nhigh_entropy = 100.0\nmedium_entropy = 99.5\n')
+    path.write_text(
+        '[sampler]\nthinking_text = " Hmm,"\nlow_entropy = 99.0\nhigh_entropy = 100.0\nmedium_entropy = 99.5\n'
+    )
     samples = synthetic_samples()
     out, found, _ = cal.calibrate(None, None, "m", out=path, samples=samples)
-    assert out == path and [p.name for p in tmp_path.iterdir()] == ["m.toml"]   # no temp file left
-    assert path.stat().st_mode & 0o644 == 0o644                          # readable like any file
+    assert out == path and [p.name for p in tmp_path.iterdir()] == ["m.toml"]  # no temp file left
+    assert path.stat().st_mode & 0o644 == 0o644  # readable like any file
     data = tomllib.loads(path.read_text())
     assert data["name"] == "m"
-    assert data["sampler"]["thinking_text"] == " Hmm,"               # kept
+    assert data["sampler"]["thinking_text"] == " Hmm,"  # kept
     assert data["sampler"]["low_entropy"] == found["low_entropy"] != 99.0
     assert data["calibration"]["steps"] == 1000
     assert data["calibration"]["metrics"]["entropy"] == pytest.approx(
-        np.quantile(samples["entropy"], cal.REPORTED_QUANTILES), abs=1e-4)
+        np.quantile(samples["entropy"], cal.REPORTED_QUANTILES), abs=1e-4
+    )
     config = load_toml(path)
     assert config.thinking_text == " Hmm," and config.high_varentropy == found["high_varentropy"]
 
@@ -66,7 +69,7 @@ def test_card_round_trip_keeps_user_settings_and_is_atomic(tmp_path, monkeypatch
 
 
 def test_calibrate_runs_a_model_and_the_sampler_uses_the_card(tmp_path, monkeypatch, tiny_tokenizer):
-    monkeypatch.setattr("entropix_mlx.cards.cards_dir", lambda: tmp_path)
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
     model = make_tiny_model()
     path, found, samples = cal.calibrate(model, tiny_tokenizer, "tiny", prompts=("Hi", "Count: 1 2 3"), max_tokens=3)
     assert path == tmp_path / "tiny.toml"
@@ -77,7 +80,7 @@ def test_calibrate_runs_a_model_and_the_sampler_uses_the_card(tmp_path, monkeypa
 
 
 def test_bundled_card_is_committed_and_valid():
-    from entropix_mlx.cards import card_path
+    from entropix_mlx.sampling.cards import card_path
 
     path = card_path("smollm2-135m")
     data = tomllib.loads(path.read_text())
@@ -91,8 +94,10 @@ def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, ca
     from entropix_mlx.cli.app import main
 
     model = make_tiny_model()
-    monkeypatch.setattr("entropix_mlx.loading.load",
-                        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
+    monkeypatch.setattr(
+        "entropix_mlx.model.loading.load",
+        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
+    )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
@@ -115,17 +120,20 @@ def test_recalibrating_keeps_the_cards_other_tables(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text(
         'name = "m"\n\n[sampler]\nlow_entropy = 1.0\nmedium_entropy = 2.0\nhigh_entropy = 3.0\nrepetition_penalty = 3.0\n\n'
-        '[calibration]\nsteps = 5\n\n[calibration.metrics]\nentropy = [1.0]\n\n'
+        "[calibration]\nsteps = 5\n\n[calibration.metrics]\nentropy = [1.0]\n\n"
         '# how the settings were chosen\n[tuning]\nchosen = "b"\n\n[[tuning.trials]]\nname = "a"\ndev_accuracy = 0.4\n\n'
-        '[[tuning.trials]]\nname = "b"\ndev_accuracy = 0.5\n\n[deliberate]\nwidth = 4\n')
+        '[[tuning.trials]]\nname = "b"\ndev_accuracy = 0.5\n\n[deliberate]\nwidth = 4\n'
+    )
     cal.calibrate(None, None, "m", out=path, samples=synthetic_samples())
     text = path.read_text()
     data = tomllib.loads(text)
-    assert data["tuning"] == {"chosen": "b", "trials": [{"name": "a", "dev_accuracy": 0.4},
-                                                       {"name": "b", "dev_accuracy": 0.5}]}
+    assert data["tuning"] == {
+        "chosen": "b",
+        "trials": [{"name": "a", "dev_accuracy": 0.4}, {"name": "b", "dev_accuracy": 0.5}],
+    }
     assert data["deliberate"] == {"width": 4}
     assert "# how the settings were chosen\n[tuning]" in text
-    assert data["sampler"]["repetition_penalty"] == 3.0                  # a tuned setting, kept
+    assert data["sampler"]["repetition_penalty"] == 3.0  # a tuned setting, kept
     assert data["calibration"]["steps"] == 1000 and text.count("[calibration]") == 1
 
 
@@ -133,29 +141,49 @@ def test_recalibrating_keeps_the_cards_other_tables(tmp_path):
 
 
 def _trial(name, accuracy, share, loops=0, logprob=-1.0, **overrides):
-    return {"name": name, "accuracy": accuracy, "overrides": overrides, "wins": 1, "losses": 0, "ties": 2, "p": 1.0,
-            "open": {"repeated_4gram_share": share, "longest_loop": 12 if loops else 4, "loops": loops,
-                     "mean_logprob": logprob, "early_endings": 0}}
+    return {
+        "name": name,
+        "accuracy": accuracy,
+        "overrides": overrides,
+        "wins": 1,
+        "losses": 0,
+        "ties": 2,
+        "p": 1.0,
+        "open": {
+            "repeated_4gram_share": share,
+            "longest_loop": 12 if loops else 4,
+            "loops": loops,
+            "mean_logprob": logprob,
+            "early_endings": 0,
+        },
+    }
 
 
 def test_choose_takes_the_best_dev_accuracy_among_acceptable_open_text():
     greedy = _trial("greedy", 0.40, 0.10, logprob=-0.7)
     min_p = _trial("min_p", 0.0, 0.05, logprob=-1.0)
-    trials = [_trial("loops", 0.50, 0.04, loops=1),            # best accuracy, but a 12-token loop
-              _trial("repeats", 0.48, 0.06),                   # more than half greedy's repetition
-              _trial("incoherent", 0.47, 0.01, logprob=-1.2),  # less likely text than min_p's
-              _trial("a", 0.41, 0.02), _trial("b", 0.45, 0.05), _trial("c", 0.45, 0.01)]
-    assert [cal.acceptable(t, greedy, min_p) for t in trials] == [False, False, False, True, True, True]
-    assert cal.choose(trials, greedy, min_p)["name"] == "b"     # the first of the two best
-    assert cal.choose(trials[:3], greedy, min_p)["name"] == "loops"   # none acceptable: best accuracy
+    trials = [
+        _trial("loops", 0.50, 0.04, loops=1),  # best accuracy, but a 12-token loop
+        _trial("repeats", 0.48, 0.06),  # more than half greedy's repetition
+        _trial("incoherent", 0.47, 0.01, logprob=-1.2),  # less likely text than min_p's
+        _trial("a", 0.41, 0.02),
+        _trial("b", 0.45, 0.05),
+        _trial("c", 0.45, 0.01),
+    ]
+    assert [tuning.acceptable(t, greedy, min_p) for t in trials] == [False, False, False, True, True, True]
+    assert tuning.choose(trials, greedy, min_p)["name"] == "b"  # the first of the two best
+    assert tuning.choose(trials[:3], greedy, min_p)["name"] == "loops"  # none acceptable: best accuracy
 
 
 def test_tuned_card_text_sets_sampler_fields_and_replaces_tuning():
-    text = ('# card\nname = "m"\n\n[sampler]\nlow_entropy = 1.0\nargmax_margin = 0.0\n\n'
-            '[calibration]\nsteps = 5\n\n# old\n[tuning]\nchosen = "x"\n\n[[tuning.trials]]\nname = "x"\n\n'
-            '[deliberate]\nwidth = 4\n')
-    new = cal.tuned_card_text(text, {"argmax_margin": 3.0, "strategies": ("argmax", "adaptive")},
-                              '[tuning]\nchosen = "y"')
+    text = (
+        '# card\nname = "m"\n\n[sampler]\nlow_entropy = 1.0\nargmax_margin = 0.0\n\n'
+        '[calibration]\nsteps = 5\n\n# old\n[tuning]\nchosen = "x"\n\n[[tuning.trials]]\nname = "x"\n\n'
+        "[deliberate]\nwidth = 4\n"
+    )
+    new = tuning.tuned_card_text(
+        text, {"argmax_margin": 3.0, "strategies": ("argmax", "adaptive")}, '[tuning]\nchosen = "y"'
+    )
     data = tomllib.loads(new)
     assert data["sampler"] == {"low_entropy": 1.0, "argmax_margin": 3.0, "strategies": ["argmax", "adaptive"]}
     assert data["tuning"] == {"chosen": "y"} and data["deliberate"] == {"width": 4}
@@ -165,12 +193,13 @@ def test_tuned_card_text_sets_sampler_fields_and_replaces_tuning():
 def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_path, monkeypatch, tiny_tokenizer):
     path = tmp_path / "tiny.toml"
     cal.calibrate(None, None, "tiny", out=path, samples=synthetic_samples())
-    path.write_text(path.read_text() + '\n[deliberate]\nwidth = 4\n')
+    path.write_text(path.read_text() + "\n[deliberate]\nwidth = 4\n")
     monkeypatch.setattr(cal, "PROMPTS", ("Write a poem.", "Hi"))
     candidates = (("card", {}), ("margin", {"argmax_margin": 2.5, "strategies": ["argmax", "adaptive"]}))
     seen = []
-    chosen, trials, greedy, min_p = cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates, limit=3,
-                                             progress=seen.append)
+    chosen, trials, greedy, min_p = tuning.tune(
+        make_tiny_model(), tiny_tokenizer, "tiny", path, candidates, limit=3, progress=seen.append
+    )
     assert seen == ["greedy", "min_p", "card", "margin"]
     assert [t["name"] for t in trials] == ["card", "margin"]
     for t in trials:
@@ -186,25 +215,27 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
     assert config.argmax_margin == expected.argmax_margin and config.strategies == expected.strategies
     # Tuning again replaces the [tuning] table instead of adding a second one; the
     # trials it did not repeat stay on record as earlier ones, with their date.
-    cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=2)
+    tuning.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=2)
     data = tomllib.loads(path.read_text())
     assert [t["name"] for t in data["tuning"]["trials"]] == ["card"] and data["sampler"]["argmax_margin"] == 0.0
     assert [t["name"] for t in data["tuning"]["earlier"]] == ["margin"]
     assert data["tuning"]["earlier"][0]["accuracy"] == trials[1]["accuracy"]
     assert data["tuning"]["earlier"][0]["date"] == data["tuning"]["date"]
-    cal.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[1:], limit=2)
+    tuning.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[1:], limit=2)
     data = tomllib.loads(path.read_text())
-    assert [t["name"] for t in data["tuning"]["earlier"]] == ["card"]     # "margin" ran again: a trial now
+    assert [t["name"] for t in data["tuning"]["earlier"]] == ["card"]  # "margin" ran again: a trial now
 
 
 def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
     model = make_tiny_model()
-    monkeypatch.setattr("entropix_mlx.loading.load",
-                        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()))
+    monkeypatch.setattr(
+        "entropix_mlx.model.loading.load",
+        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
+    )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
-    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": cal.NO_THINK})))
+    monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": tuning.NO_THINK})))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
         main(["calibrate", "--out", str(out), "--max-tokens", "2", "--tune", "--limit", "2"])
@@ -216,7 +247,7 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     # --keep-thresholds: the card's thresholds stay as they are (here: edited by hand).
     text = out.read_text().replace("high_entropy = ", "high_entropy = 99.0 #", 1)
     out.write_text(text)
-    monkeypatch.setattr(cal, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}), ("margin-3", {})))
+    monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}), ("margin-3", {})))
     with pytest.raises(SystemExit) as e:
         main(["calibrate", "--out", str(out), "--tune", "--keep-thresholds", "--only", "-2", "--limit", "2"])
     assert e.value.code == 0

@@ -6,15 +6,15 @@ import json
 import mlx.core as mx
 import pytest
 
-from entropix_mlx.cache import cache_length
-from entropix_mlx.chat import Conversation, common_prefix_length
+from entropix_mlx.decode.chat import Conversation, common_prefix_length
+from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
-from entropix_mlx.generate import generate
-from entropix_mlx.samplers import Choice, GreedySampler
+from entropix_mlx.model.cache import cache_length
+from entropix_mlx.sampling.samplers import Choice, GreedySampler
 
 
 def byte_id(char: str) -> int:
-    return 3 + ord(char)   # the tiny tokenizer: 3 special tokens, then one token per byte
+    return 3 + ord(char)  # the tiny tokenizer: 3 special tokens, then one token per byte
 
 
 class ScriptedSampler:
@@ -51,7 +51,7 @@ def test_second_turn_prefills_only_the_closing_and_new_message(tiny_model, tiny_
     conversation = Conversation(tiny_model, tiny_tokenizer)
     first = conversation.reply("hi", ScriptedSampler("ok"), max_tokens=10)
     assert first.answer == "ok" and first.finish_reason == "eos"
-    assert first.prefilled == len(first.prompt_tokens)   # nothing cached yet
+    assert first.prefilled == len(first.prompt_tokens)  # nothing cached yet
     # The cache holds the first prompt and both answer tokens (the EOS was never fed).
     assert conversation.cached_tokens == first.prompt_tokens + [byte_id("o"), byte_id("k")]
 
@@ -82,7 +82,7 @@ def test_cache_keys_match_a_fresh_prefill_of_the_history(tiny_model, tiny_tokeni
     ids = conversation.cached_tokens
     fresh_generation = generate(tiny_model, tiny_tokenizer, ids, GreedySampler(), max_tokens=1, cache=fresh.cache)
     list(fresh_generation)
-    for reused, full in zip(conversation.cache, fresh.cache):
+    for reused, full in zip(conversation.cache, fresh.cache, strict=False):
         n = len(ids)
         assert mx.allclose(reused.keys[..., :n, :], full.keys[..., :n, :], atol=1e-4).item()
         assert mx.allclose(reused.values[..., :n, :], full.values[..., :n, :], atol=1e-4).item()
@@ -91,7 +91,7 @@ def test_cache_keys_match_a_fresh_prefill_of_the_history(tiny_model, tiny_tokeni
 def test_changed_system_prompt_trims_the_cache_and_still_matches(tiny_model, tiny_tokenizer):
     conversation = Conversation(tiny_model, tiny_tokenizer)
     conversation.reply("hello", GreedySampler(), max_tokens=5)
-    conversation.system = "be brief"   # the history now starts differently
+    conversation.system = "be brief"  # the history now starts differently
     turn = conversation.reply("again", GreedySampler(), max_tokens=5)
     # Only "<|im_start|>" is shared ("system" vs "user" follows it).
     assert turn.prefilled == len(turn.prompt_tokens) - 1
@@ -106,7 +106,7 @@ def test_interrupted_answer_keeps_the_conversation_usable(tiny_model, tiny_token
     for event in turn:
         events.append(event)
         if len(events) == 3:
-            break   # what a Ctrl-C between tokens leaves behind
+            break  # what a Ctrl-C between tokens leaves behind
     conversation.finish(turn, interrupted=True)
     assert turn.finish_reason == "interrupted"
     assert len(turn.generation.tokens) == 3
@@ -123,7 +123,7 @@ def test_layers_out_of_step_are_trimmed_to_the_shortest(tiny_model, tiny_tokeniz
     turn = conversation.ask("xy", GreedySampler(), max_tokens=4)
     list(turn)
     k = conversation.cache[0]
-    k.update_and_fetch(k.keys[..., :1, :], k.values[..., :1, :])   # layer 0 ran, layer 1 did not
+    k.update_and_fetch(k.keys[..., :1, :], k.values[..., :1, :])  # layer 0 ran, layer 1 did not
     conversation.finish(turn, interrupted=True)
     lengths = {c.offset for c in conversation.cache}
     assert len(lengths) == 1
@@ -179,7 +179,7 @@ def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):
 def test_recover_realigns_the_layers_after_an_interrupt_outside_a_turn(tiny_model, tiny_tokenizer):
     conversation = Conversation(tiny_model, tiny_tokenizer)
     first = conversation.reply("abc", GreedySampler(), max_tokens=3)
-    conversation.cache[0].trim(5)    # as if Ctrl-C stopped `ask` after trimming layer 0 only
+    conversation.cache[0].trim(5)  # as if Ctrl-C stopped `ask` after trimming layer 0 only
     conversation.recover()
     assert {c.offset for c in conversation.cache} == {len(conversation.cached_tokens)}
     assert len(conversation.cached_tokens) == len(first.prompt_tokens) + 2 - 5 - 1

@@ -14,13 +14,12 @@ import termios
 import time
 
 import pytest
-from typer.testing import CliRunner
-
 from entropix_mlx.cli import render
 from entropix_mlx.cli.app import main
+from typer.testing import CliRunner
 
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
-OTHER_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-ln-z]|\x1b[=>]")   # cursor/mode codes, not colours
+OTHER_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-ln-z]|\x1b[=>]")  # cursor/mode codes, not colours
 
 
 def own_terminal():
@@ -37,9 +36,15 @@ class Terminal:
         self.master, slave = pty.openpty()
         env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")}
         env.update(TERM="xterm-256color", COLUMNS="200", LINES="50")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", *args],
-                                     stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-                                     preexec_fn=own_terminal)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            close_fds=True,
+            preexec_fn=own_terminal,
+        )
         os.close(slave)
         self.output = ""
 
@@ -49,7 +54,7 @@ class Terminal:
             return False
         try:
             data = os.read(self.master, 65536)
-        except OSError:   # the process closed the terminal
+        except OSError:  # the process closed the terminal
             return False
         if not data:
             return False
@@ -88,7 +93,7 @@ def styled_chars(text: str) -> list[tuple[str, str | None]]:
     text = OTHER_ESCAPES.sub("", text).replace("\r\n", "\n")
     chars, code, pos = [], None, 0
     for m in SGR.finditer(text):
-        chars += [(c, code) for c in text[pos:m.start()]]
+        chars += [(c, code) for c in text[pos : m.start()]]
         code = None if m.group(1) in ("", "0") else m.group(1)
         pos = m.end()
     return chars + [(c, code) for c in text[pos:]]
@@ -122,11 +127,12 @@ def test_run_colours_each_token_by_its_strategy_and_the_legend_matches():
     chars = styled_chars(legend_line)
     text = "".join(c for c, _ in chars)
     for m in re.finditer(r"■ (\w+)", text):
-        codes = {code for _, code in chars[m.start():m.end()]}
+        codes = {code for _, code in chars[m.start() : m.end()]}
         assert len(codes) == 1 and None not in codes, (m.group(1), codes)
         legend[m.group(1)] = codes.pop()
     # The card may switch strategies off; the legend lists what it leaves on (adaptive, the fallback, always).
-    from entropix_mlx.config import resolve_config
+    from entropix_mlx.sampling.config import resolve_config
+
     enabled = set(resolve_config("smollm2-135m")[0].strategies) | {"adaptive"}
     assert enabled >= {"argmax", "adaptive"}
     assert set(legend) == enabled
@@ -148,7 +154,7 @@ def test_run_colours_each_token_by_its_strategy_and_the_legend_matches():
     all_chars = styled_chars(term.output)
     plain = "".join(c for c, _ in all_chars)
     at = plain.index(answer)
-    for (char, code), (expected_char, strategy) in zip(all_chars[at:at + len(expected)], expected):
+    for (char, code), (expected_char, strategy) in zip(all_chars[at : at + len(expected)], expected, strict=False):
         assert char == expected_char
         if not char.isspace():
             assert code == legend[strategy], f"{char!r} chosen by {strategy} shown in colour {code}"
@@ -162,13 +168,13 @@ def test_chat_in_a_terminal_history_and_ctrl_c():
         term.send("/stats\r")
         first = term.expect(r"turns: 0")
         term.expect(r">>> ", start=first.end())
-        term.send("\x1b[A\r")                     # arrow up: readline recalls /stats
+        term.send("\x1b[A\r")  # arrow up: readline recalls /stats
         second = term.expect(r"turns: 0", start=first.end())
         term.expect(r">>> ", start=second.end())
         term.send("Tell me a long story about a dragon.\r")
         sent = term.expect(r"dragon\.\r\n")
-        term.expect(r"\x1b\[32m", start=sent.end())   # the first token has arrived, in argmax's colour
-        term.send("\x03")                         # Ctrl-C during the answer
+        term.expect(r"\x1b\[32m", start=sent.end())  # the first token has arrived, in argmax's colour
+        term.send("\x03")  # Ctrl-C during the answer
         stopped = term.expect(r"stopped: interrupted")
         term.expect(r">>> ", start=stopped.end())
         term.send("/stats\r")
@@ -178,11 +184,11 @@ def test_chat_in_a_terminal_history_and_ctrl_c():
         # SIGINT landing in between is only noticed at the next key. People are
         # never that fast; the test waits a moment like them.
         time.sleep(0.5)
-        term.send("\x03")                         # Ctrl-C at the prompt asks first...
+        term.send("\x03")  # Ctrl-C at the prompt asks first...
         warned = term.expect(r"Ctrl-C again to quit", start=stats.end())
         term.expect(r">>> ", start=warned.end())
         time.sleep(0.5)
-        term.send("\x03")                         # ...and quits the second time
+        term.send("\x03")  # ...and quits the second time
         code = term.wait()
     finally:
         term.close()

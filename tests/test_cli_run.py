@@ -12,13 +12,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import make_tiny_tokenizer
+from entropix_mlx.cli import chat as chat_cmd
+from entropix_mlx.cli import models_cmd
+from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.cli.app import main
 from typer.testing import CliRunner
 
-from entropix_mlx.cli import chat as chat_cmd
-from entropix_mlx.cli import models_cmd, run as run_cmd
-from entropix_mlx.cli.app import main
-from conftest import make_tiny_tokenizer
-from entropix_mlx.samplers import GreedySampler
+from entropix_mlx.sampling.samplers import GreedySampler
 
 ESC = "\x1b["
 STRATEGIES = {"argmax", "think", "branch", "resample", "adaptive", "sample"}
@@ -101,7 +102,7 @@ def test_unreadable_configs_print_one_line_and_exit_2(tmp_path):
     malformed.write_text("temperature = [unclosed\n")
     code, out, err = invoke("run", "--config", malformed, "hi")
     assert code == 2 and "bad.toml" in one_error_line(err) and out == ""
-    code, out, err = invoke("run", "--config", tmp_path, "hi")   # a directory
+    code, out, err = invoke("run", "--config", tmp_path, "hi")  # a directory
     assert code == 2 and "--config" in one_error_line(err)
     code, out, err = invoke("run", "--sampler", "min_p", "--config", malformed, "hi")
     assert code == 2 and "entropix" in one_error_line(err)
@@ -119,12 +120,14 @@ def test_empty_prompt_from_stdin_is_refused():
 def test_system_prompt_goes_first_in_the_template():
     tokenizer = make_tiny_tokenizer()
     ids = run_cmd.prompt_tokens(tokenizer, "hi", "Be brief.", raw=False)
-    assert tokenizer.decode(ids) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                                     "<|im_start|>assistant\n")
+    assert tokenizer.decode(ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tokenizer.decode(run_cmd.prompt_tokens(tokenizer, "hi", None, raw=True)) == "hi"
 
 
 # -- models --------------------------------------------------------------------
+
 
 def test_models_lists_the_bundled_model_and_cards(tmp_path, monkeypatch):
     gguf = tmp_path / "mine.gguf"
@@ -145,7 +148,6 @@ def test_models_lists_the_bundled_model_and_cards(tmp_path, monkeypatch):
 
 
 # -- chat on a tiny model: context overflow and Ctrl-C, without the real model ----
-
 
 
 def test_chat_says_when_the_context_is_full_and_reset_recovers(tiny_ref):
@@ -184,20 +186,20 @@ def test_ctrl_c_during_an_answer_returns_to_the_prompt(tiny_ref, monkeypatch):
     code, out, err = invoke("chat", "-m", tiny_ref, "--max-tokens", "5", input="one\ntwo\n/stats\n")
     assert code == 0, err
     assert out.count("stopped: interrupted") == 1
-    assert "2 tokens" in out                   # the interrupted answer kept what it had printed
-    assert "stopped: length" in out            # the second turn ran normally
+    assert "2 tokens" in out  # the interrupted answer kept what it had printed
+    assert "stopped: length" in out  # the second turn ran normally
     assert "turns: 2" in out
 
 
 def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, monkeypatch):
     """Ctrl-C after the generator counted its second token but before `run` wrote
     it: the token is written before the summary, which counts exactly the lines."""
-    from entropix_mlx.generate import Generation
+    from entropix_mlx.decode.generate import Generation
 
     class SignalAfterCounting(Generation):
         def __iter__(self):
             for i, event in enumerate(super().__iter__()):
-                if i == 1:   # in .tokens and .events, not yet handed out
+                if i == 1:  # in .tokens and .events, not yet handed out
                     raise KeyboardInterrupt
                 yield event
 
@@ -212,15 +214,15 @@ def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, mon
 def test_chat_shows_a_token_caught_between_generated_and_shown(tiny_ref, monkeypatch):
     """The same moment in `chat`: the interrupted answer's second token is in the
     conversation and counted by the summary, so it is written before the summary."""
-    from entropix_mlx import chat as chat_module
-    from entropix_mlx.generate import Generation
+    from entropix_mlx.decode import chat as chat_module
+    from entropix_mlx.decode.generate import Generation
 
     made = []
 
     class SignalAfterCounting(Generation):
         def __iter__(self):
             for i, event in enumerate(super().__iter__()):
-                if i == 1 and len(made) == 1:   # first answer only: in .events, not yet handed out
+                if i == 1 and len(made) == 1:  # first answer only: in .events, not yet handed out
                     raise KeyboardInterrupt
                 yield event
 
@@ -231,10 +233,12 @@ def test_chat_shows_a_token_caught_between_generated_and_shown(tiny_ref, monkeyp
     written = []
     write_token = chat_cmd.render.write_token
     monkeypatch.setattr(chat_module, "generate", generate)
-    monkeypatch.setattr(chat_cmd.render, "write_token",
-                        lambda out, text, *a: (written.append(text), write_token(out, text, *a)))
-    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "5", "--no-color",
-                            input="one\n")
+    monkeypatch.setattr(
+        chat_cmd.render, "write_token", lambda out, text, *a: (written.append(text), write_token(out, text, *a))
+    )
+    code, out, err = invoke(
+        "chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "5", "--no-color", input="one\n"
+    )
     assert code == 0, err
     first = made[0]
     assert len(first.events) == 2 and first.finish_reason == "interrupted"
@@ -246,7 +250,7 @@ def test_a_token_caught_before_its_event_exists_is_not_counted(tiny_ref, monkeyp
     """Ctrl-C after the second token joined the answer but before its event
     existed (here: while the event is being made): it was never shown, so the
     summary counts one token, the one line written."""
-    from entropix_mlx import generate as generation_module
+    from entropix_mlx.decode import generate as generation_module
 
     made = []
 
@@ -265,8 +269,9 @@ def test_a_token_caught_before_its_event_exists_is_not_counted(tiny_ref, monkeyp
 
 
 @pytest.mark.parametrize("send", ["os.kill", "interrupt_main"])
-@pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, "Terminated")],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, "Terminated")], ids=["SIGINT", "SIGTERM"]
+)
 def test_a_signal_waits_for_the_end_of_a_deferred_block(send, sig, raised):
     """`deferred()`: Ctrl-C or SIGTERM inside the block (a token's line being
     written and counted) is raised right after it, never between the two.
@@ -287,7 +292,7 @@ def test_a_signal_waits_for_the_end_of_a_deferred_block(send, sig, raised):
             else:
                 _thread.interrupt_main(sig)
             done.append("written")
-            sum(range(1000))   # bytecodes, calls: points where Python runs a pending handler
+            sum(range(1000))  # bytecodes, calls: points where Python runs a pending handler
             done.append("counted")
         done.append("after the block")
     assert done == ["written", "counted"]
@@ -295,6 +300,7 @@ def test_a_signal_waits_for_the_end_of_a_deferred_block(send, sig, raised):
 
 
 # -- the real bundled model ----------------------------------------------------
+
 
 def json_run(*args, input=None):
     code, out, err = invoke("run", "--json", *args, input=input)
@@ -308,14 +314,25 @@ def json_run(*args, input=None):
 def test_run_json_lines_then_plain_text_from_stdin_agree():
     tokens, summary = json_run("--sampler", "greedy", "--max-tokens", "10", PROMPT)
     for record in tokens:
-        assert {"token", "text", "strategy", "entropy", "varentropy", "attn_entropy", "attn_varentropy",
-                "agreement", "interaction_strength", "temperature", "logprob"} <= record.keys()
+        assert {
+            "token",
+            "text",
+            "strategy",
+            "entropy",
+            "varentropy",
+            "attn_entropy",
+            "attn_varentropy",
+            "agreement",
+            "interaction_strength",
+            "temperature",
+            "logprob",
+        } <= record.keys()
         assert record["strategy"] == "argmax" and record["logprob"] <= 0
     text = "".join(r["text"] for r in tokens)
     assert "Paris" in text
     assert {"tokens", "strategy_counts", "prompt_tps", "generation_tps", "peak_memory_gb"} <= summary.keys()
     assert summary["tokens"] == len(tokens) and summary["strategy_counts"] == {"argmax": len(tokens)}
-    assert summary["finish_reason"] == "eos"   # the answer is shorter than 10 tokens
+    assert summary["finish_reason"] == "eos"  # the answer is shorter than 10 tokens
 
     # The same prompt from stdin, as plain text: the same answer, no escape codes.
     code, out, err = invoke("run", "-", "--sampler", "greedy", "--max-tokens", "10", "--no-color", input=PROMPT + "\n")
@@ -327,14 +344,29 @@ def test_run_json_lines_then_plain_text_from_stdin_agree():
 
 @pytest.mark.slow
 def test_run_passes_sampling_flags_and_raw_prompts():
-    tokens, summary = json_run("--sampler", "temperature", "--temperature", "0.5", "--top-k", "5",
-                               "--top-p", "0.8", "--min-p", "0.05", "--seed", "7", "--max-tokens", "2", PROMPT)
+    tokens, summary = json_run(
+        "--sampler",
+        "temperature",
+        "--temperature",
+        "0.5",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.8",
+        "--min-p",
+        "0.05",
+        "--seed",
+        "7",
+        "--max-tokens",
+        "2",
+        PROMPT,
+    )
     for record in tokens:
         assert record["strategy"] == "sample"
         assert (record["temperature"], record["top_k"], record["top_p"], record["min_p"]) == (0.5, 5, 0.8, 0.05)
     templated = summary["prompt_tokens"]
     _, raw = json_run("--raw", "--sampler", "greedy", "--max-tokens", "1", PROMPT)
-    assert raw["prompt_tokens"] < 10 < templated      # no system prompt, no role markers
+    assert raw["prompt_tokens"] < 10 < templated  # no system prompt, no role markers
 
 
 @pytest.mark.slow
@@ -347,29 +379,33 @@ def test_run_default_sampler_is_entropix():
 @pytest.mark.slow
 def test_chat_through_a_pipe_remembers_and_reuses_the_cache(tmp_path):
     transcript = tmp_path / "chat.json"
-    script = "\n".join([
-        "My name is Alice. Please remember it.",
-        "What is my name?",
-        "/stats",
-        f"/save {transcript}",
-        "/reset",
-        "What is my name?",
-        "/stats",
-        "/quit",
-        "this line comes after /quit",
-    ]) + "\n"
+    script = (
+        "\n".join(
+            [
+                "My name is Alice. Please remember it.",
+                "What is my name?",
+                "/stats",
+                f"/save {transcript}",
+                "/reset",
+                "What is my name?",
+                "/stats",
+                "/quit",
+                "this line comes after /quit",
+            ]
+        )
+        + "\n"
+    )
     code, out, err = invoke("chat", "--sampler", "greedy", "--max-tokens", "9", input=script)
     assert code == 0, err
     assert ESC not in out
     # Each user line is echoed as ">>> line", then the answer, then its summary line.
     answers = re.findall(r"^>>> ([^/].*)\n(.*)\n\d+ tokens? · prefilled", out, re.M)
-    assert [q for q, _ in answers] == ["My name is Alice. Please remember it.", "What is my name?",
-                                       "What is my name?"]
-    assert "Alice" in answers[1][1]        # the second turn depends on the first
-    assert "Alice" not in answers[2][1]    # the same question after /reset does not know the name
+    assert [q for q, _ in answers] == ["My name is Alice. Please remember it.", "What is my name?", "What is my name?"]
+    assert "Alice" in answers[1][1]  # the second turn depends on the first
+    assert "Alice" not in answers[2][1]  # the same question after /reset does not know the name
     stats = [tuple(map(int, m)) for m in re.findall(r"prefilled (\d+) of (\d+) prompt tokens", out)]
     (prefilled, history), (fresh_prefilled, fresh_total) = stats
-    assert prefilled < history - 40        # only the end of the first answer and the new message
+    assert prefilled < history - 40  # only the end of the first answer and the new message
     assert fresh_prefilled == fresh_total  # after /reset, nothing is cached
     assert "turns: 2" in out and "turns: 1" in out
     assert "this line comes after /quit" not in out
@@ -383,12 +419,16 @@ def test_chat_through_a_pipe_remembers_and_reuses_the_cache(tmp_path):
 
 # -- signals and pipes, in a real process -------------------------------------
 
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
     # --raw: a 4-token prompt, since prefill costs about as much per token as decoding on this CPU
-    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "200",
-                                             "Once upon a time"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "200", "Once upon a time"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = json.loads(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
     rest, err = rest_of(proc)
@@ -404,10 +444,13 @@ def test_ctrl_c_keeps_the_output_prints_the_summary_and_exits_130():
 def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it():
     """`nohup`, or a script's background job: SIGINT ignored from the start stays ignored
     (cli/signals.py installs no handler over it), so the answer runs to its end."""
-    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "12",
-                                             "Once upon a time"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "12", "Once upon a time"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     first = json.loads(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
     rest, err = rest_of(proc)
@@ -419,11 +462,14 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it():
 
 @pytest.mark.slow
 def test_closed_pipe_exits_quietly():
-    proc = subprocess.Popen(cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "20",
-                                             "Once upon a time"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cli_command() + ["run", "--json", "--raw", "--sampler", "greedy", "--max-tokens", "20", "Once upon a time"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     json.loads(proc.stdout.readline())
-    proc.stdout.close()          # what `| head -1` does after its first line
+    proc.stdout.close()  # what `| head -1` does after its first line
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0
     assert err == ""

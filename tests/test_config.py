@@ -2,28 +2,31 @@
 
 import pytest
 
-from entropix_mlx.config import SamplerConfig, load_toml, resolve_config
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.sampler_registry import make_sampler
+from entropix_mlx.sampling.config import SamplerConfig, load_toml, resolve_config
+from entropix_mlx.sampling.registry import make_sampler
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("temperature", -0.5, "must be > 0"),
-    ("temperature", 0.0, "must be > 0"),
-    ("top_p", 0.0, "(0, 1]"),
-    ("top_p", 1.5, "(0, 1]"),
-    ("top_k", -1, ">= 0"),
-    ("min_p", 1.0, "[0, 1)"),
-    ("low_entropy", -0.1, "cannot be negative"),
-    ("strategies", ("argmax", "pondering"), "unknown strategy 'pondering'"),
-    ("attention_layers", "middle", '"all", "last"'),
-    ("adaptive_samples", 0, ">= 1"),
-    ("branch_rollout_tokens", 0, ">= 1"),
-    ("branch_decide_tokens", -1, ">= 0"),
-    ("thinking_text", "", "non-empty"),
-    ("top_k", 2.5, "whole number"),
-    ("temperature", "hot", "must be a number"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("temperature", -0.5, "must be > 0"),
+        ("temperature", 0.0, "must be > 0"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("top_k", -1, ">= 0"),
+        ("min_p", 1.0, "[0, 1)"),
+        ("low_entropy", -0.1, "cannot be negative"),
+        ("strategies", ("argmax", "pondering"), "unknown strategy 'pondering'"),
+        ("attention_layers", "middle", '"all", "last"'),
+        ("adaptive_samples", 0, ">= 1"),
+        ("branch_rollout_tokens", 0, ">= 1"),
+        ("branch_decide_tokens", -1, ">= 0"),
+        ("thinking_text", "", "non-empty"),
+        ("top_k", 2.5, "whole number"),
+        ("temperature", "hot", "must be a number"),
+    ],
+)
 def test_invalid_values_name_the_field(field, value, words):
     with pytest.raises(ConfigError) as e:
         SamplerConfig().replace(**{field: value})
@@ -45,7 +48,13 @@ def test_unknown_setting_is_named():
 def test_reference_defaults():
     c = SamplerConfig()
     assert (c.temperature, c.top_p, c.top_k, c.min_p, c.adaptive_samples) == (0.666, 0.90, 27, 0.03, 5)
-    assert (c.low_entropy, c.low_varentropy, c.medium_entropy, c.high_entropy, c.high_varentropy) == (0.1, 0.1, 3.0, 5.0, 5.0)
+    assert (c.low_entropy, c.low_varentropy, c.medium_entropy, c.high_entropy, c.high_varentropy) == (
+        0.1,
+        0.1,
+        3.0,
+        5.0,
+        5.0,
+    )
 
 
 def test_toml_top_level_and_sampler_table(tmp_path):
@@ -53,20 +62,23 @@ def test_toml_top_level_and_sampler_table(tmp_path):
     flat.write_text('temperature = 0.8\ntop_k = 40\nstrategies = ["argmax", "adaptive"]\nattention_layers = [-1, -2]\n')
     c = load_toml(flat)
     assert (c.temperature, c.top_k, c.strategies, c.attention_layers) == (0.8, 40, ("argmax", "adaptive"), (-1, -2))
-    assert c.top_p == 0.90                               # unset fields keep the preset's value
+    assert c.top_p == 0.90  # unset fields keep the preset's value
     card = tmp_path / "card.toml"
     card.write_text('name = "x"\n[sampler]\nlow_entropy = 0.5\nthinking_text = " Wait,"\n[calibration]\ntokens = 3\n')
     c = load_toml(card)
     assert (c.low_entropy, c.thinking_text) == (0.5, " Wait,")
 
 
-@pytest.mark.parametrize("text, words", [
-    ("temperature = ", "not valid TOML"),
-    ("temperature = -1.0", "'temperature'"),
-    ("top_p = 2", "'top_p'"),
-    ('strategies = ["argmax", "dance"]', "unknown strategy 'dance'"),
-    ('top_k = "many"', "'top_k'"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("temperature = ", "not valid TOML"),
+        ("temperature = -1.0", "'temperature'"),
+        ("top_p = 2", "'top_p'"),
+        ('strategies = ["argmax", "dance"]', "unknown strategy 'dance'"),
+        ('top_k = "many"', "'top_k'"),
+    ],
+)
 def test_bad_toml_files(tmp_path, text, words):
     path = tmp_path / "bad.toml"
     path.write_text(text + "\n")
@@ -86,15 +98,15 @@ def test_missing_file_and_unknown_preset(tmp_path):
 
 def test_card_is_used_and_reported(tmp_path, monkeypatch):
     card = tmp_path / "m1.toml"
-    card.write_text('[sampler]\nlow_entropy = 0.42\nhigh_varentropy = 7.5\n')
-    monkeypatch.setattr("entropix_mlx.cards.cards_dir", lambda: tmp_path)
+    card.write_text("[sampler]\nlow_entropy = 0.42\nhigh_varentropy = 7.5\n")
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
     cfg, source = resolve_config("m1")
     assert (cfg.low_entropy, cfg.high_varentropy) == (0.42, 7.5) and "m1.toml" in source
     cfg, source = resolve_config("m2")
     assert cfg == SamplerConfig() and "reference" in source
     cfg, source = resolve_config("m1", "reference", temperature=0.9)
     assert cfg.low_entropy == 0.1 and cfg.temperature == 0.9 and "temperature=0.9" in source
-    settings = tmp_path / "settings.cfg"                  # any file name: TOML over the card
+    settings = tmp_path / "settings.cfg"  # any file name: TOML over the card
     settings.write_text("temperature = 0.5\n")
     cfg, source = resolve_config("m1", str(settings))
     assert (cfg.low_entropy, cfg.temperature) == (0.42, 0.5) and "settings.cfg" in source

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
-from entropix_mlx import cpu_math
-from entropix_mlx.cpu_math import logsumexp, rope, softmax, swiglu
+from entropix_mlx.accel import cpu_math
+from entropix_mlx.accel.cpu_math import logsumexp, rope, softmax, swiglu
 
 
 def test_cpu_exp_is_within_a_float_rounding_of_the_exact_one():
@@ -46,7 +46,7 @@ def test_other_dtypes_keep_mlx_lms_swiglu():
 def test_cpu_softmax_matches_the_exact_one_and_gives_hidden_keys_nothing():
     rng = np.random.default_rng(1)
     x = (rng.normal(size=(6, 3, 300)) * 8).astype(np.float32)
-    x[:, :, :7] = -np.inf                       # hidden (padding) keys
+    x[:, :, :7] = -np.inf  # hidden (padding) keys
     got = np.array(softmax(mx.array(x)), dtype=np.float64)
     x64 = x.astype(np.float64)
     exact = np.exp(x64 - x64.max(-1, keepdims=True))
@@ -72,13 +72,19 @@ def test_cpu_logsumexp_matches_the_exact_one_and_mlxs_edge_cases():
 def test_cpu_rope_equals_mlxs_bit_for_bit(traditional):
     module = nn.RoPE(64, traditional=traditional, base=100000.0)
     rng = np.random.default_rng(4)
-    for batch, length, offset in ((1, 1, 0), (1, 1, 7), (1, 24, 31), (1, 3, 8000),
-                                  (3, 1, mx.array([0, 17, 4096])), (3, 5, mx.array([2, 0, 9]))):
+    for batch, length, offset in (
+        (1, 1, 0),
+        (1, 1, 7),
+        (1, 24, 31),
+        (1, 3, 8000),
+        (3, 1, mx.array([0, 17, 4096])),
+        (3, 5, mx.array([2, 0, 9])),
+    ):
         x = mx.array(rng.normal(size=(batch, 12, length, 64)).astype(np.float32))
-        expected = module(x, offset=offset)        # mx.fast.rope
+        expected = module(x, offset=offset)  # mx.fast.rope
         got = rope(module, x, offset)
         assert mx.array_equal(got, expected).item(), (batch, length, offset)
-        if length > 1:   # (position 0 is no rotation at all)
+        if length > 1:  # (position 0 is no rotation at all)
             assert not mx.array_equal(got, x).item()
     # a rotation of part of each head, or scaled positions: MLX's own kernel
     partial = nn.RoPE(32, base=10000.0)

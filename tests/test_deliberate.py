@@ -7,16 +7,18 @@ import math
 import pytest
 from conftest import make_tiny_model
 
-from entropix_mlx.batch import Request, generate_batch
-from entropix_mlx.deliberate import (BranchSampler, Candidate, answer_scores, answer_token_span, default_answer,
-                                     deliberate, deliberate_batch, select)
-from entropix_mlx.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
+from entropix_mlx.decode.deliberate import deliberate, deliberate_batch
+from entropix_mlx.decode.engine import generate_batch
+from entropix_mlx.decode.generate import generate
+from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.generate import generate
-from entropix_mlx.samplers import GreedySampler
+from entropix_mlx.sampling.branching import BranchSampler
+from entropix_mlx.sampling.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
+from entropix_mlx.sampling.samplers import GreedySampler
+from entropix_mlx.sampling.selection import Candidate, answer_scores, answer_token_span, default_answer, select
 
 TEXTS = ["What is 7 + 5?", "hi", "a somewhat longer question about nothing in particular"]
-WIDE = dict(max_branches=50, budget=100.0)   # no cap: only the thresholds decide
+WIDE = dict(max_branches=50, budget=100.0)  # no cap: only the thresholds decide
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +43,16 @@ def test_branches_start_exactly_where_entropy_or_varentropy_cross_the_thresholds
     # Thresholds midway between two measured values: deliberate's root row runs
     # the prompt split differently (shared prefix), so its metrics may differ
     # from these in the last float bits, and a threshold equal to a value is a tie.
-    mid = lambda xs, i: (xs[i] + xs[i + 1]) / 2   # noqa: E731
-    for h, v in [(mid(entropies, 6), 1e9), (1e9, mid(varentropies, 8)),
-                 (mid(entropies, 9), mid(varentropies, 9))]:
-        cfg = DeliberateConfig(first_alternatives=0, branch_entropy=h, branch_varentropy=v, alternatives=1,
-                               max_branch_points=50, **WIDE)
+    mid = lambda xs, i: (xs[i] + xs[i + 1]) / 2  # noqa: E731
+    for h, v in [(mid(entropies, 6), 1e9), (1e9, mid(varentropies, 8)), (mid(entropies, 9), mid(varentropies, 9))]:
+        cfg = DeliberateConfig(
+            first_alternatives=0, branch_entropy=h, branch_varentropy=v, alternatives=1, max_branch_points=50, **WIDE
+        )
         d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12)
-        expected = [i for i, e in enumerate(events) if i > 0 and
-                    (e.metrics["entropy"] > h or e.metrics["varentropy"] > v)]
-        assert 0 < len(expected) < 11     # the thresholds really split the positions
+        expected = [
+            i for i, e in enumerate(events) if i > 0 and (e.metrics["entropy"] > h or e.metrics["varentropy"] > v)
+        ]
+        assert 0 < len(expected) < 11  # the thresholds really split the positions
         assert d.candidates[0].branched_at == expected
         assert sorted(c.split for c in d.candidates[1:]) == expected
 
@@ -59,7 +62,7 @@ def test_first_token_alternatives_and_the_branch_point_cap(model, tiny_tokenizer
     cfg = DeliberateConfig(first_alternatives=3, branch_entropy=0.0, alternatives=2, max_branch_points=2, **WIDE)
     d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=10)
     splits = [c.split for c in d.candidates[1:]]
-    assert splits == [0, 0, 0, 1, 1, 2, 2]      # 3 at the first token, then 2 at each of 2 points
+    assert splits == [0, 0, 0, 1, 1, 2, 2]  # 3 at the first token, then 2 at each of 2 points
     root = d.candidates[0]
     # the alternatives are the next most likely tokens, most likely first
     first = [c.tokens[0] for c in d.candidates[1:4]]
@@ -74,9 +77,9 @@ def test_every_branch_equals_an_independent_greedy_run_from_its_split(model, tin
     root = d.candidates[0]
     assert root.tokens == [e.token for e in greedy_run(model, tiny_tokenizer, prompt, 9)]
     for c in d.candidates[1:]:
-        assert c.parent == root.row and c.tokens[:c.split] == root.tokens[:c.split]
+        assert c.parent == root.row and c.tokens[: c.split] == root.tokens[: c.split]
         assert c.tokens[c.split] != root.tokens[c.split]
-        head = c.tokens[:c.split + 1]
+        head = c.tokens[: c.split + 1]
         rest = greedy_run(model, tiny_tokenizer, prompt + head, 9 - len(head))
         assert c.tokens == head + [e.token for e in rest]
         assert c.own_tokens == len(c.tokens) - c.split
@@ -87,16 +90,23 @@ def test_the_greedy_answer_is_always_a_candidate_and_kept_by_default(model, tiny
         prompt = prompt_of(tiny_tokenizer, text)
         greedy = [e.token for e in greedy_run(model, tiny_tokenizer, prompt, 8)]
         for budget in (1.0, 2.5, 6.0):
-            d = deliberate(model, tiny_tokenizer, prompt, DeliberateConfig(budget=budget, selector="greedy"),
-                           max_tokens=8)
+            d = deliberate(
+                model, tiny_tokenizer, prompt, DeliberateConfig(budget=budget, selector="greedy"), max_tokens=8
+            )
             assert d.candidates[0].parent is None and d.candidates[0].tokens == greedy
             assert d.chosen == 0
 
 
 @pytest.mark.parametrize("budget, branches", [(1.0, 5), (2.9, 5), (4.0, 5), (6.0, 5), (6.0, 2), (30.0, 40)])
 def test_tokens_stay_within_the_budget(model, tiny_tokenizer, budget, branches):
-    cfg = DeliberateConfig(first_alternatives=4, branch_entropy=0.0, alternatives=3, max_branch_points=10,
-                           max_branches=branches, budget=budget)
+    cfg = DeliberateConfig(
+        first_alternatives=4,
+        branch_entropy=0.0,
+        alternatives=3,
+        max_branch_points=10,
+        max_branches=branches,
+        budget=budget,
+    )
     for text in TEXTS:
         d = deliberate(model, tiny_tokenizer, prompt_of(tiny_tokenizer, text), cfg, max_tokens=10)
         assert len(d.candidates) == cfg.max_candidates == min(branches + 1, math.floor(budget))
@@ -125,31 +135,51 @@ def test_a_shared_prefix_batch_equals_unbatched_runs(model, tiny_tokenizer):
     prompts = [prompt_of(tiny_tokenizer, t) for t in TEXTS]
     prefix = prompts[0][:4]
     requests = [Request(p, 0, 6) for p in prompts]
-    out = {i: r for i, r, _ in generate_batch(model, tiny_tokenizer, requests, GreedySampler, 3, prefix=prefix,
-                                              share_prefix=True, groups=1)}
+    out = {
+        i: r
+        for i, r, _ in generate_batch(
+            model, tiny_tokenizer, requests, GreedySampler, 3, prefix=prefix, share_prefix=True, groups=1
+        )
+    }
     for i, p in enumerate(prompts):
         assert out[i].tokens == [e.token for e in greedy_run(model, tiny_tokenizer, p, 6)]
 
 
 def cand(answer, parent=0, margin=0.5, logprob=-1.0):
-    return Candidate(row=0, parent=parent, split=None if parent is None else 0, tokens=[1], text="", answer=answer,
-                     logprobs=[logprob], margins=[margin], finish_reason="eos", own_tokens=1,
-                     mean_logprob=logprob, answer_margin=margin)
+    return Candidate(
+        row=0,
+        parent=parent,
+        split=None if parent is None else 0,
+        tokens=[1],
+        text="",
+        answer=answer,
+        logprobs=[logprob],
+        margins=[margin],
+        finish_reason="eos",
+        own_tokens=1,
+        mean_logprob=logprob,
+        answer_margin=margin,
+    )
 
 
 def test_selectors_score_answers_and_keep_greedy_unless_beaten_by_the_margin():
-    cands = [cand("7", None, 0.4, -0.5), cand("8", margin=0.3, logprob=-0.4), cand("8", margin=0.3, logprob=-2.0),
-             cand(None, margin=0.9)]
+    cands = [
+        cand("7", None, 0.4, -0.5),
+        cand("8", margin=0.3, logprob=-0.4),
+        cand("8", margin=0.3, logprob=-2.0),
+        cand(None, margin=0.9),
+    ]
     assert answer_scores(cands, "margin") == pytest.approx({"7": 0.4, "8": 0.6})
     assert answer_scores(cands, "vote") == {"7": 1.0, "8": 2.0}
     assert answer_scores(cands, "logprob") == {"7": -0.5, "8": -0.4}
     assert answer_scores(cands, "max_margin") == {"7": 0.4, "8": 0.3}
-    assert answer_scores(cands, "weighted_vote") == pytest.approx({"7": math.exp(-0.5),
-                                                                   "8": math.exp(-0.4) + math.exp(-2.0)})
-    assert select(cands, "margin", 0.0)[0] == 1                # "8" wins; its likelier candidate
-    assert select(cands, "margin", 0.25)[0] == 0               # 0.6 - 0.4 is within the margin
+    assert answer_scores(cands, "weighted_vote") == pytest.approx(
+        {"7": math.exp(-0.5), "8": math.exp(-0.4) + math.exp(-2.0)}
+    )
+    assert select(cands, "margin", 0.0)[0] == 1  # "8" wins; its likelier candidate
+    assert select(cands, "margin", 0.25)[0] == 0  # 0.6 - 0.4 is within the margin
     assert select(cands, "max_margin", 0.0)[0] == 0
-    assert select([cand(None, None), cand("3")], "vote")[0] == 1   # no greedy answer: any answer beats it
+    assert select([cand(None, None), cand("3")], "vote")[0] == 1  # no greedy answer: any answer beats it
     assert select([cand(None, None), cand(None)], "vote")[0] == 0
 
 
@@ -167,15 +197,18 @@ def test_the_root_sampler_alone_spawns():
     assert BranchSampler(spawns=False).spawns is False and BranchSampler().spawns is True
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"budget": 0.5}, "'budget' = 0.5 is invalid"),
-    ({"selector": "best"}, "'selector' = 'best' is invalid: choose one of"),
-    ({"alternatives": -1}, "'alternatives' = -1 is invalid"),
-    ({"branch_entropy": -1.0}, "cannot be negative"),
-    ({"min_probability": 1.0}, "must be in [0, 1)"),
-    ({"max_branches": 2.5}, "must be a whole number"),
-    ({"margin": float("nan")}, "must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"budget": 0.5}, "'budget' = 0.5 is invalid"),
+        ({"selector": "best"}, "'selector' = 'best' is invalid: choose one of"),
+        ({"alternatives": -1}, "'alternatives' = -1 is invalid"),
+        ({"branch_entropy": -1.0}, "cannot be negative"),
+        ({"min_probability": 1.0}, "must be in [0, 1)"),
+        ({"max_branches": 2.5}, "must be a whole number"),
+        ({"margin": float("nan")}, "must be a finite number"),
+    ],
+)
 def test_invalid_settings_are_one_line_errors(changes, message):
     with pytest.raises(ConfigError) as e:
         DeliberateConfig(**changes)
@@ -195,9 +228,9 @@ def test_config_from_a_table_the_card_and_overrides(tmp_path):
 
 
 def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, tiny_tokenizer):
-    from entropix_mlx.cache import make_cache
-    from entropix_mlx.deliberate_stream import DeliberateGeneration
-    from entropix_mlx.generate import generate as make_generation
+    from entropix_mlx.decode.deliberate import DeliberateGeneration
+    from entropix_mlx.decode.generate import generate as make_generation
+    from entropix_mlx.model.cache import make_cache
 
     prompt = prompt_of(tiny_tokenizer, TEXTS[2])
     sampler = BranchSampler(DeliberateConfig(first_alternatives=2, branch_entropy=0.0, max_branch_points=1))
@@ -207,11 +240,12 @@ def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, ti
     cache = make_cache(model)
     model(__import__("mlx.core").core.array([prompt[:10]]), cache)
     held = make_generation(model, tiny_tokenizer, prompt[10:], sampler, max_tokens=6, cache=cache)
-    assert [e.token for e in held] == expected and cache[0].offset == 10     # read, never written
-    def paths(g):   # the same paths (log-probabilities differ in the last bits: other prefill chunks)
+    assert [e.token for e in held] == expected and cache[0].offset == 10  # read, never written
+
+    def paths(g):  # the same paths (log-probabilities differ in the last bits: other prefill chunks)
         return [(c["split"], c["tokens"]) for c in g.summary().deliberation["candidates"]]
 
-    assert paths(held) == paths(fresh) and len(paths(fresh)) == 4   # 2 at the first token, 1 later
+    assert paths(held) == paths(fresh) and len(paths(fresh)) == 4  # 2 at the first token, 1 later
 
 
 def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, tmp_path):
@@ -220,8 +254,13 @@ def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, 
     tasks = [parse_task({"question": f"What is {i} + 1?", "answer": str(i + 1)}, i, "x") for i in range(4)]
     outs = []
     for batch_size in (1, 3):
-        run_eval(model, tiny_tokenizer, tasks, EvalConfig(samplers=["deliberate"], max_tokens=5,
-                                                          batch_size=batch_size), out_dir=tmp_path / str(batch_size))
+        run_eval(
+            model,
+            tiny_tokenizer,
+            tasks,
+            EvalConfig(samplers=["deliberate"], max_tokens=5, batch_size=batch_size),
+            out_dir=tmp_path / str(batch_size),
+        )
         lines = (tmp_path / str(batch_size) / "items.jsonl").read_text().splitlines()
         records = sorted((__import__("json").loads(x) for x in lines if '"deliberate"' in x), key=lambda r: r["index"])
         assert len(records) == 4
@@ -231,7 +270,7 @@ def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, 
             assert r["output"] == cands[r["chosen"]]["text"]
             assert r["tokens_spent"] == sum(c["own_tokens"] for c in cands) <= 6 * 5
         outs.append([(r["output"], r["tokens_spent"]) for r in records])
-    assert outs[0] == outs[1]    # the batch does not change any answer
+    assert outs[0] == outs[1]  # the batch does not change any answer
 
 
 def test_continuation_scores_leave_out_the_forced_first_token(model, tiny_tokenizer):

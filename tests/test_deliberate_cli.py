@@ -9,14 +9,25 @@ from test_cli_run import invoke, one_error_line
 
 
 def test_run_reports_every_branch_in_json_and_stays_in_the_budget(tiny_ref):
-    code, out, err = invoke("run", "What is 7 + 5?", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "6",
-                            "--budget", "3", "--json")
+    code, out, err = invoke(
+        "run",
+        "What is 7 + 5?",
+        "-m",
+        tiny_ref,
+        "--sampler",
+        "deliberate",
+        "--max-tokens",
+        "6",
+        "--budget",
+        "3",
+        "--json",
+    )
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
     summary = lines[-1]["summary"]
     tokens = [line for line in lines[:-1]]
     d = summary["deliberation"]
-    assert summary["branches"] == len(d["candidates"]) - 1 == 2       # budget 3: greedy + 2
+    assert summary["branches"] == len(d["candidates"]) - 1 == 2  # budget 3: greedy + 2
     assert summary["tokens_spent"] == d["tokens_spent"] <= 3 * max(len(c["tokens"]) for c in d["candidates"])
     winner = d["candidates"][d["chosen"]]
     assert [t["token"] for t in tokens] == winner["tokens"] and summary["winner"] == d["chosen"]
@@ -31,31 +42,45 @@ def test_run_shows_the_branches_then_the_answer(tiny_ref):
     assert code == 0, err
     assert "sampler deliberate" in err and "greedy ·" in err and err.count("branch at token 0") == 4
     assert "4 branches" in err and "tokens spent" in err and "chose" in err
-    assert out.endswith("\n") and len(out) > 1   # the chosen answer, then the newline
+    assert out.endswith("\n") and len(out) > 1  # the chosen answer, then the newline
 
 
 def test_chat_answers_with_deliberate_and_keeps_the_conversation(tiny_ref):
-    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "4",
-                            input="hello\nand again\n/stats\n")
+    code, out, err = invoke(
+        "chat", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "4", input="hello\nand again\n/stats\n"
+    )
     assert code == 0, err
     assert out.count(">>> ") == 3 and "tokens spent" in out + err
-    assert (out + err).count("greedy ·") == 2 and (out + err).count("branch at token 0") == 8   # both answers
+    assert (out + err).count("greedy ·") == 2 and (out + err).count("branch at token 0") == 8  # both answers
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--sampler", "greedy", "--budget", "2"], "--budget sets the deliberate sampler"),
-    (["--sampler", "deliberate", "--temperature", "0.5"], "no effect with --sampler deliberate"),
-    (["--sampler", "deliberate", "--budget", "0.5"], "--budget"),
-    (["--sampler", "deliberate", "--config", "nope.toml"], "is not a file"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--sampler", "greedy", "--budget", "2"], "--budget sets the deliberate sampler"),
+        (["--sampler", "deliberate", "--temperature", "0.5"], "no effect with --sampler deliberate"),
+        (["--sampler", "deliberate", "--budget", "0.5"], "--budget"),
+        (["--sampler", "deliberate", "--config", "nope.toml"], "is not a file"),
+    ],
+)
 def test_bad_deliberate_options_are_one_line_errors(tiny_ref, args, needle):
     code, out, err = invoke("run", "hi", "-m", tiny_ref, *args)
     assert code == 2 and needle in one_error_line(err)
 
 
 def test_chat_takes_a_budget_and_switches_samplers(tiny_ref):
-    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "deliberate", "--budget", "2", "--max-tokens", "3",
-                            input="hello\n/sampler greedy\nagain\n")
+    code, out, err = invoke(
+        "chat",
+        "-m",
+        tiny_ref,
+        "--sampler",
+        "deliberate",
+        "--budget",
+        "2",
+        "--max-tokens",
+        "3",
+        input="hello\n/sampler greedy\nagain\n",
+    )
     assert code == 0, err
     assert "1 branch," in out + err and "sampler greedy" in out + err
 

@@ -8,18 +8,18 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from entropix_mlx.cache import make_cache
-from entropix_mlx.config import SamplerConfig
-from entropix_mlx.entropix import EntropixSampler, decide, path_repeats, repeat_counts
-from entropix_mlx.generate import generate
-from entropix_mlx.metrics import step_metrics
-from entropix_mlx.samplers import GreedySampler, Step
-from entropix_mlx.sampler_registry import make_sampler
-
 from test_entropix import ALWAYS_BRANCH, ATTENTION, FLAT, greedy_path, path_logprobs, smooth_model
 
-V = 259          # the tiny tokenizer's vocabulary; id 2 is its end-of-turn token
+from entropix_mlx.decode.generate import generate
+from entropix_mlx.model.cache import make_cache
+from entropix_mlx.sampling.config import SamplerConfig
+from entropix_mlx.sampling.entropix import EntropixSampler, decide
+from entropix_mlx.sampling.metrics import step_metrics
+from entropix_mlx.sampling.registry import make_sampler
+from entropix_mlx.sampling.repetition import path_repeats, repeat_counts
+from entropix_mlx.sampling.samplers import GreedySampler, Step
+
+V = 259  # the tiny tokenizer's vocabulary; id 2 is its end-of-turn token
 EOS = 2
 
 
@@ -30,7 +30,7 @@ def step(logits, tokens=(), **kw):
 def repeated_ngram_share(tokens, n=4):
     """Share of the n-grams of `tokens` that already occurred earlier in it."""
     seen, repeated = set(), 0
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     for g in grams:
         repeated += g in seen
         seen.add(g)
@@ -42,32 +42,30 @@ def repeated_ngram_share(tokens, n=4):
 
 def test_repeat_counts_and_path_repeats():
     history = [5, 6, 7, 5, 6, 8, 5, 6]
-    assert repeat_counts(history, 3) == {7: 1, 8: 1}          # "5 6 7" and "5 6 8" occurred once each
+    assert repeat_counts(history, 3) == {7: 1, 8: 1}  # "5 6 7" and "5 6 8" occurred once each
     # n = 2: "6 7" and "6 8" occurred once, and each repeat is a 3-token span ("5 6 7"): one more unit
     assert repeat_counts(history, 2) == {7: 2, 8: 2}
     assert repeat_counts(history, 1)[5] == 3
     assert repeat_counts([1, 2], 3) == {}
     # Copying a phrase costs more with every token copied: the k-th token of the copy, k - n + 1 units.
     phrase = [10, 11, 12, 13, 14, 15]
-    assert [repeat_counts(phrase + phrase[:k - 1], 3).get(phrase[k - 1], 0) for k in range(1, 7)] == [0, 0, 1, 2, 3, 4]
+    assert [repeat_counts(phrase + phrase[: k - 1], 3).get(phrase[k - 1], 0) for k in range(1, 7)] == [0, 0, 1, 2, 3, 4]
     # Path 7, 5, 6 after history: "5 6 7" (1 unit), "6 7 5" (1, + 1: "5 6 7 5" repeats), "7 5 6" (1, + 2)
     assert path_repeats(history, [7, 5, 6], 3) == 1 + 2 + 3
     # A path's own repetition counts too
     assert path_repeats([], [1, 1, 1, 1, 1], 3) == 0 + 0 + 1 + 3
     sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3))
-    assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(
-        -3.0 / math.log(2) - 2.0 * 6)
+    assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(-3.0 / math.log(2) - 2.0 * 6)
 
 
 # -- end of turn right after a thinking insertion ---------------------------------------------
 
 ENDS = [0.0] * V
-ENDS[EOS], ENDS[40] = 12.0, 6.0        # end-of-turn dominant, token 40 next: low entropy -> argmax
+ENDS[EOS], ENDS[40] = 12.0, 6.0  # end-of-turn dominant, token 40 next: low entropy -> argmax
 
 
 def test_no_end_of_turn_right_after_a_thinking_insertion(tiny_tokenizer):
-    sampler = EntropixSampler(SamplerConfig(thinking_text="..", low_entropy=0.5, low_varentropy=5.0),
-                              tiny_tokenizer)
+    sampler = EntropixSampler(SamplerConfig(thinking_text="..", low_entropy=0.5, low_varentropy=5.0), tiny_tokenizer)
     assert sampler.eos_tokens == [EOS]
     # Without an insertion just before, the model may end its turn.
     assert sampler.choose(step(ENDS), mx.random.key(0)).tokens == [EOS]
@@ -145,27 +143,26 @@ def test_branching_generation_loops_less_than_greedy_on_a_tiny_model(tiny_tokeni
         tokens = []
         for seed in range(3):
             sampler = make_sampler("entropix", tiny_tokenizer, config=config)
-            tokens.append([e.token for e in generate(model, tiny_tokenizer, prompt, sampler, max_tokens=n,
-                                                     seed=seed)])
+            tokens.append([e.token for e in generate(model, tiny_tokenizer, prompt, sampler, max_tokens=n, seed=seed)])
         share[penalty] = np.mean([repeated_ngram_share(t) for t in tokens])
-    assert repeated_ngram_share(greedy) > 0.5, greedy          # the failure: greedy loops
-    assert share[0.0] > 0.3                                    # likelihood-only branching loops too
+    assert repeated_ngram_share(greedy) > 0.5, greedy  # the failure: greedy loops
+    assert share[0.0] > 0.3  # likelihood-only branching loops too
     assert share[2.0] <= share[0.0] / 2, share
 
 
 # -- argmax is the best score ------------------------------------------------------------------
 
-CLOSE = [4.0, 3.0] + [-10.0] * (V - 2)            # token 0 likeliest, 1 a bit less (1.44 bits apart)
+CLOSE = [4.0, 3.0] + [-10.0] * (V - 2)  # token 0 likeliest, 1 a bit less (1.44 bits apart)
 ARGMAX_HERE = dict(low_entropy=2.0, low_varentropy=3.0)
 
 
 def test_argmax_takes_the_likeliest_token_unless_it_repeats():
     sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3, **ARGMAX_HERE))
     assert sampler.choose(step(CLOSE, tokens=[9, 8]), mx.random.key(0)).tokens == [0]
-    repeat = sampler.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0))   # "9 8 0" again
+    repeat = sampler.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0))  # "9 8 0" again
     assert repeat.strategy == "argmax" and repeat.tokens == [1]
     lp = np.array(CLOSE) - np.log(np.exp(np.array(CLOSE)).sum())
-    assert repeat.logprobs[0] == pytest.approx(lp[1], abs=1e-4)   # the model's log p, not the score
+    assert repeat.logprobs[0] == pytest.approx(lp[1], abs=1e-4)  # the model's log p, not the score
     off = EntropixSampler(SamplerConfig(repetition_penalty=0.0, **ARGMAX_HERE))
     assert off.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0)).tokens == [0]
     # A token far likelier than the rest stays, whatever it repeats (here 1 earlier occurrence: 2 bits < 14).
@@ -175,12 +172,12 @@ def test_argmax_takes_the_likeliest_token_unless_it_repeats():
 
 # -- one clear winner on a long tail --------------------------------------------------------------
 
-WINNER = [6.0] + [0.0] * (V - 1)      # p1 ~ 0.38 (8.7 bits ahead of each other token), H ~ 5.5 bits
+WINNER = [6.0] + [0.0] * (V - 1)  # p1 ~ 0.38 (8.7 bits ahead of each other token), H ~ 5.5 bits
 
 
 def test_a_clear_top_1_margin_takes_argmax_whatever_the_entropy(tiny_tokenizer):
     m = {k: v.item() for k, v in step_metrics(mx.array(WINNER), ATTENTION).items()}
-    assert m["entropy"] > SamplerConfig().medium_entropy            # not an argmax state by H and V
+    assert m["entropy"] > SamplerConfig().medium_entropy  # not an argmax state by H and V
     off = EntropixSampler(SamplerConfig(), tiny_tokenizer)
     strategies = {off.choose(step(WINNER), mx.random.key(s)).strategy for s in range(4)}
     assert "argmax" not in strategies
@@ -188,7 +185,7 @@ def test_a_clear_top_1_margin_takes_argmax_whatever_the_entropy(tiny_tokenizer):
     for s in range(4):
         choice = on.choose(step(WINNER), mx.random.key(s))
         assert choice.strategy == "argmax" and choice.tokens == [0]
-    strict = EntropixSampler(SamplerConfig(argmax_margin=9.0), tiny_tokenizer)   # 8.66 bits is not enough
+    strict = EntropixSampler(SamplerConfig(argmax_margin=9.0), tiny_tokenizer)  # 8.66 bits is not enough
     assert strict.choose(step(WINNER), mx.random.key(0)).strategy != "argmax"
     # The margin is the scored one: when the winner would repeat an n-gram three times over
     # (6 bits of penalty), it is only 2.66 bits ahead and the rule does not fire.
@@ -200,7 +197,7 @@ def test_decide_with_a_margin():
     c = SamplerConfig(argmax_margin=3.0)
     assert decide(4.0, 6.0, c, margin=3.0) == "argmax"
     assert decide(4.0, 6.0, c, margin=2.9) == "branch"
-    assert decide(4.0, 6.0, SamplerConfig(), margin=50.0) == "branch"     # off by default
+    assert decide(4.0, 6.0, SamplerConfig(), margin=50.0) == "branch"  # off by default
 
 
 # -- branch by confidence (the answer-critical choice looks ahead) --------------------------------
@@ -223,8 +220,13 @@ def test_confidence_branch_takes_the_most_likely_tokens_and_the_surest_continuat
     one whose continuation has the highest mean top-1 - top-2 margin; the most
     likely candidate keeps its place unless beaten by more than branch_keep_margin."""
     model = smooth_model()
-    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=4, branch_select="confidence",
-                           repetition_penalty=0.0, **ALWAYS_BRANCH)
+    config = SamplerConfig(
+        branch_candidates=3,
+        branch_rollout_tokens=4,
+        branch_select="confidence",
+        repetition_penalty=0.0,
+        **ALWAYS_BRANCH,
+    )
     overtaken = 0
     for prompt in ([1, 40, 50, 60], [1, 72, 105], [1, 9, 33, 200], [1, 150, 4]):
         logits, _ = model(mx.array([prompt]))
@@ -243,15 +245,14 @@ def test_confidence_branch_takes_the_most_likely_tokens_and_the_surest_continuat
         for keep, expected in ((lead + 0.01, paths[0]), (lead / 2, surest)):
             sampler = EntropixSampler(config.replace(branch_keep_margin=keep))
             assert sampler.choose(_branch_step(model, prompt, []), mx.random.key(0)).tokens == expected
-    assert overtaken >= 1      # the margin rule was really exercised
+    assert overtaken >= 1  # the margin rule was really exercised
 
 
 def test_confidence_ranks_repeating_paths_last_and_stops_at_the_end_of_turn():
-    sampler = EntropixSampler(SamplerConfig(branch_select="confidence", repetition_penalty=2.0,
-                                            repetition_ngram=3))
+    sampler = EntropixSampler(SamplerConfig(branch_select="confidence", repetition_penalty=2.0, repetition_ngram=3))
     sampler.eos_tokens = [EOS]
     history = [7, 8, 9, 7, 8]
-    paths = [[9, 7, 8], [5, 6, 11], [12, 13, 14]]     # the first repeats "7 8 9" and "8 9 7"
+    paths = [[9, 7, 8], [5, 6, 11], [12, 13, 14]]  # the first repeats "7 8 9" and "8 9 7"
     margins = [[0.99, 0.99], [0.6, 0.6], [0.5, 0.5]]
     lps = [[-1.0] * 3] * 3
     assert sampler._best_path(paths, lps, margins, history) == 1
@@ -279,38 +280,45 @@ def test_a_branch_hands_out_its_path_only_up_to_its_first_repetition(tiny_tokeni
     """The rollout continues greedily, unscored: a path that starts to repeat the
     answer (or itself) is cut before the token that repeats, and the state handed
     back is the one after the kept tokens (the next logits equal a fresh forward)."""
-    from entropix_mlx.entropix import first_repeat
+    from entropix_mlx.sampling.repetition import first_repeat
 
-    assert first_repeat([5, 6, 7], [5, 6, 7, 8], 3) == 2          # "5 6 7" again at its third token
+    assert first_repeat([5, 6, 7], [5, 6, 7, 8], 3) == 2  # "5 6 7" again at its third token
     assert first_repeat([], [1, 2, 3, 1, 2, 3], 3) == 5
     assert first_repeat([1, 2], [3, 4], 3) == 2
 
     model = smooth_model()
     prompt = [1, 72, 105]
-    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=12, branch_select="confidence",
-                           repetition_penalty=2.0, **ALWAYS_BRANCH)
+    config = SamplerConfig(
+        branch_candidates=3,
+        branch_rollout_tokens=12,
+        branch_select="confidence",
+        repetition_penalty=2.0,
+        **ALWAYS_BRANCH,
+    )
     greedy = [e.token for e in generate(model, tiny_tokenizer, prompt, GreedySampler(), max_tokens=48)]
-    assert repeated_ngram_share(greedy) > 0.5           # this prompt loops under greedy
+    assert repeated_ngram_share(greedy) > 0.5  # this prompt loops under greedy
     history, cut = [], 0
     for _ in range(6):
         s = _branch_step(model, prompt, history)
         choice = EntropixSampler(config).choose(s, mx.random.key(0))
         assert path_repeats(history, choice.tokens, 3) == 0
         cut += len(choice.tokens) < 12
-        cache, logits, _ = choice.advanced       # the step's cache held the prompt only
+        cache, logits, _ = choice.advanced  # the step's cache held the prompt only
         fresh, _ = model(mx.array([prompt + choice.tokens]))
         assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
         history += choice.tokens
-    assert cut >= 1                                       # some path was really cut
+    assert cut >= 1  # some path was really cut
 
 
 def counting_model(model, bonus=20.0):
     """The tiny model with a strong pull towards the token after the current one (t -> t+1),
     so greedy paths move on instead of repeating one token."""
+
     def forward(inputs, cache=None, **kwargs):
         logits, scores = model(inputs, cache, **kwargs)
         nxt = (inputs + 1) % V
         return logits + bonus * (mx.arange(V)[None, None, :] == nxt[:, :, None]), scores
+
     forward.args, forward.layers = model.args, model.layers
     return forward
 
@@ -325,11 +333,17 @@ def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
     logits, _ = model(mx.array([prompt]))
     firsts = mx.argsort(-logits[0, -1])[:3].tolist()
     paths = [greedy_path(model, prompt, f, depth) for f in firsts]
-    assert all(len(set(p)) == depth for p in paths)     # no path repeats a token
-    ends_turn = {p[2] for p in paths} - set(firsts)     # every path ends by its third token
+    assert all(len(set(p)) == depth for p in paths)  # no path repeats a token
+    ends_turn = {p[2] for p in paths} - set(firsts)  # every path ends by its third token
     assert all(set(p[1:3]) & ends_turn for p in paths)
-    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=depth, branch_select="confidence",
-                           repetition_penalty=0.0, think_varentropy=0.0, **ALWAYS_BRANCH)
+    config = SamplerConfig(
+        branch_candidates=3,
+        branch_rollout_tokens=depth,
+        branch_select="confidence",
+        repetition_penalty=0.0,
+        think_varentropy=0.0,
+        **ALWAYS_BRANCH,
+    )
 
     calls = []
 
@@ -342,7 +356,7 @@ def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
     s = _branch_step(model, prompt, [])
     choice = sampler.choose(Step(s.logits, s.scores, [], counting, s.cache), mx.random.key(0))
     assert choice.strategy == "branch"
-    assert len(calls) == 2 and all(shape[0] == 3 for shape in calls)   # two rollout steps, no final pass
+    assert len(calls) == 2 and all(shape[0] == 3 for shape in calls)  # two rollout steps, no final pass
     assert choice.advanced is None and choice.tokens[-1] in ends_turn
 
     # The full-length rollout's choice (every position's margin, by hand), cut at its end.
@@ -350,8 +364,8 @@ def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
     lps = [path_logprobs(model, prompt, p) for p in paths]
     best = sampler._best_path(paths, lps, margins, [])
     end = next(j for j, t in enumerate(paths[best]) if t in ends_turn)
-    assert choice.tokens == paths[best][:end + 1]
-    assert choice.logprobs == pytest.approx(lps[best][:end + 1], abs=1e-4)
+    assert choice.tokens == paths[best][: end + 1]
+    assert choice.logprobs == pytest.approx(lps[best][: end + 1], abs=1e-4)
 
     # Without an end of turn in sight the rollout runs its full length, then the winner's last pass.
     calls.clear()
@@ -386,8 +400,15 @@ def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
     model = smooth_model()
     prompt = [1, 72, 105]
     depth = 12
-    config = SamplerConfig(branch_candidates=3, branch_rollout_tokens=depth, branch_select="confidence",
-                           branch_rollout="scored", repetition_penalty=2.0, think_varentropy=0.0, **ALWAYS_BRANCH)
+    config = SamplerConfig(
+        branch_candidates=3,
+        branch_rollout_tokens=depth,
+        branch_select="confidence",
+        branch_rollout="scored",
+        repetition_penalty=2.0,
+        think_varentropy=0.0,
+        **ALWAYS_BRANCH,
+    )
     history, differs = [], 0
     for _ in range(6):
         sampler = EntropixSampler(config)
@@ -397,15 +418,15 @@ def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
         plan = sampler.plan(s, mx.random.key(0))
         firsts = plan["top_ids"].tolist()
         paths = [scored_path(sampler, model, prompt, history, f, depth) for f in firsts]
-        differs += sum(p != greedy_path(model, prompt, f, depth) for p, f in zip(paths, firsts))
+        differs += sum(p != greedy_path(model, prompt, f, depth) for p, f in zip(paths, firsts, strict=False))
         lps = [path_logprobs(model, prompt, p) for p in paths]
         best = sampler._best_path(paths, lps, [margins_along(model, prompt, p) for p in paths], history)
-        assert choice.strategy == "branch" and choice.tokens == paths[best][:len(choice.tokens)]
-        assert choice.logprobs == pytest.approx(lps[best][:len(choice.tokens)], abs=1e-4)
+        assert choice.strategy == "branch" and choice.tokens == paths[best][: len(choice.tokens)]
+        assert choice.logprobs == pytest.approx(lps[best][: len(choice.tokens)], abs=1e-4)
         # (the first token is kept even when every candidate repeats; none after it repeats)
         assert path_repeats(history + choice.tokens[:1], choice.tokens[1:], 3) == 0
         history += choice.tokens
-    assert differs >= 3      # the score really steered the rows away from the model's likeliest
+    assert differs >= 3  # the score really steered the rows away from the model's likeliest
 
 
 @pytest.mark.parametrize("rollout", ["greedy", "scored"])
@@ -417,8 +438,14 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
     model = smooth_model()
     prompt = [1, 72, 105]
     depth, k = 10, 3
-    base = dict(branch_candidates=3, branch_select="confidence", branch_rollout=rollout, repetition_penalty=2.0,
-                think_varentropy=0.0, **ALWAYS_BRANCH)
+    base = dict(
+        branch_candidates=3,
+        branch_select="confidence",
+        branch_rollout=rollout,
+        repetition_penalty=2.0,
+        think_varentropy=0.0,
+        **ALWAYS_BRANCH,
+    )
     calls = []
 
     def counting(inputs, cache=None, **kwargs):
@@ -431,27 +458,34 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
         s = _branch_step(model, prompt, history)
         plan = sampler.plan(s, mx.random.key(0))
         firsts = plan["top_ids"].tolist()
-        follow = (lambda f: scored_path(sampler, model, prompt, history, f, depth)) if rollout == "scored" \
+        follow = (
+            (lambda f: scored_path(sampler, model, prompt, history, f, depth))
+            if rollout == "scored"
             else (lambda f: greedy_path(model, prompt, f, depth))
+        )
         paths = [follow(f) for f in firsts]
         short = [p[:k] for p in paths]
-        best = sampler._best_path(short, [path_logprobs(model, prompt, p) for p in short],
-                                  [margins_along(model, prompt, p) for p in short], history)
+        best = sampler._best_path(
+            short,
+            [path_logprobs(model, prompt, p) for p in short],
+            [margins_along(model, prompt, p) for p in short],
+            history,
+        )
         calls.clear()
         choice = sampler.choose(Step(s.logits, s.scores, list(history), counting, s.cache), mx.random.key(0))
         assert choice.strategy == "branch"
-        assert choice.tokens == paths[best][:len(choice.tokens)]
-        assert calls[:k - 1] == [3] * (k - 1) and all(rows == 1 for rows in calls[k - 1:])
-        if len(choice.tokens) == depth:           # not cut at a repetition: the whole rollout, one pass per step
+        assert choice.tokens == paths[best][: len(choice.tokens)]
+        assert calls[: k - 1] == [3] * (k - 1) and all(rows == 1 for rows in calls[k - 1 :])
+        if len(choice.tokens) == depth:  # not cut at a repetition: the whole rollout, one pass per step
             assert len(calls) == depth
-        elif rollout == "scored":                 # cut: the winner stopped there (tokens known on the host)
+        elif rollout == "scored":  # cut: the winner stopped there (tokens known on the host)
             assert len(calls) == max(len(choice.tokens) + 1, k)
             cuts += 1
         _, logits, _ = choice.advanced
         fresh, _ = model(mx.array([prompt + choice.tokens]))
         assert mx.allclose(logits[0, -1], fresh[0, -1], atol=1e-4)
         history += choice.tokens
-    assert rollout == "greedy" or cuts >= 1   # some winner really stopped early
+    assert rollout == "greedy" or cuts >= 1  # some winner really stopped early
 
 
 def test_deciding_over_the_whole_rollout_is_the_reference():
@@ -459,6 +493,10 @@ def test_deciding_over_the_whole_rollout_is_the_reference():
     model = smooth_model()
     prompt = [1, 40, 50, 60]
     base = dict(branch_candidates=3, branch_rollout_tokens=6, branch_select="confidence", **ALWAYS_BRANCH)
-    choices = [EntropixSampler(SamplerConfig(branch_decide_tokens=k, **base))
-               .choose(_branch_step(model, prompt, []), mx.random.key(0)).tokens for k in (0, 6, 9)]
+    choices = [
+        EntropixSampler(SamplerConfig(branch_decide_tokens=k, **base))
+        .choose(_branch_step(model, prompt, []), mx.random.key(0))
+        .tokens
+        for k in (0, 6, 9)
+    ]
     assert choices[0] == choices[1] == choices[2]

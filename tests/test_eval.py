@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.cli import run as run_cmd
 from test_cli_run import invoke, one_error_line
 
-from entropix_mlx.cli import run as run_cmd
 from entropix_mlx import eval as ev
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.loading import ModelSource
+from entropix_mlx.model.loading import ModelSource
 
 # -- answer extraction ------------------------------------------------------------
 
@@ -22,25 +22,25 @@ NUMBER = [
     # (model output, expected answer, extracted, correct)
     ("The answer is 1,250.", "1250", "1250", True),
     ("1,000 + 250 = 1,250", "1,250", "1250", True),
-    ("It is 9.90", "9.9", "9.9", True),                      # 9.90 == 9.9
-    ("3.5 + 1.5 = 5.", "5.0", "5", True),                    # 5 == 5.0, the full stop is not a decimal point
-    ("5 - 8 = -3", "-3", "-3", True),                        # a sign, not the minus of 5 - 8
-    ("5 − 8 = −3", "-3", "-3", True),                        # U+2212 minus
+    ("It is 9.90", "9.9", "9.9", True),  # 9.90 == 9.9
+    ("3.5 + 1.5 = 5.", "5.0", "5", True),  # 5 == 5.0, the full stop is not a decimal point
+    ("5 - 8 = -3", "-3", "-3", True),  # a sign, not the minus of 5 - 8
+    ("5 − 8 = −3", "-3", "-3", True),  # U+2212 minus
     ("The result is +3", "3", "3", True),
     ("It costs $45.", "45", "45", True),
     ("They cost $1,200.50 in all", "1200.5", "1200.5", True),
-    ("3/4 of the cake", "0.75", "0.75", True),                # fractions compare exactly
-    ("To add 7 and 5: 7 + 5 = 12", "12", "12", True),         # the LAST number
+    ("3/4 of the cake", "0.75", "0.75", True),  # fractions compare exactly
+    ("To add 7 and 5: 7 + 5 = 12", "12", "12", True),  # the LAST number
     ("12 times 3 is 32.", "36", "32", False),
-    ("8. A spider has 8 legs and 2 body parts.", "8", "2", False),   # last number, as documented
+    ("8. A spider has 8 legs and 2 body parts.", "8", "2", False),  # last number, as documented
     ("The answer is 8, since 4 + 4 is 8 and 2 * 4 = 8", "8", "8", True),
-    ("The answer is 7. Check: 3 + 4 = 8", "7", "7", True),    # first number after the last 'answer is'
+    ("The answer is 7. Check: 3 + 4 = 8", "7", "7", True),  # first number after the last 'answer is'
     ("Answer: 42\nsome more text 17", "42", "42", True),
-    ("so 4 * 4 = 16\n#### 16", "16", "16", True),             # GSM8K style
+    ("so 4 * 4 = 16\n#### 16", "16", "16", True),  # GSM8K style
     ("#### 42 and then 7", "42", "42", True),
-    ("A spider has eight legs.", "8", "8", True),             # number words only without digits
+    ("A spider has eight legs.", "8", "8", True),  # number words only without digits
     ("twenty-one", "21", "21", True),
-    ("One of the 12 months", "12", "12", True),               # digits present: 'One' is not a number
+    ("One of the 12 months", "12", "12", True),  # digits present: 'One' is not a number
     ("There are no numbers here.", "3", None, False),
     ("version v1.2.3", "1", None, False),
     ("", "0", None, False),
@@ -64,11 +64,11 @@ CHOICE = [
     ("answer: (b)", "B", True),
     ("I think (C) is right", "C", False),
     ("A. carrot", "A", False),
-    ("An apple.", "B", True),                              # no letter: the choice text
-    ("A carrot is a vegetable, an apple a fruit.", "A", False),   # the earliest choice named
-    ("Apples are fruits", None, False),                    # whole words only: 'apples' is not 'apple'
-    ("E", None, False),                                    # not a choice letter
-    ("A. apple\n\nThe correct answer is C. apple.", "C", False),   # 'answer is' comes first
+    ("An apple.", "B", True),  # no letter: the choice text
+    ("A carrot is a vegetable, an apple a fruit.", "A", False),  # the earliest choice named
+    ("Apples are fruits", None, False),  # whole words only: 'apples' is not 'apple'
+    ("E", None, False),  # not a choice letter
+    ("A. apple\n\nThe correct answer is C. apple.", "C", False),  # 'answer is' comes first
 ]
 
 
@@ -90,12 +90,12 @@ TEXT = [
     (["Paris"], "The capital of France is Paris.", True),
     (["Paris"], "Answer: paris", True),
     (["Paris"], "\n\n  PARIS!  ", True),
-    (["Paris"], "Parisian food is good.", False),            # whole words
-    (["Paris"], "It is Lyon.\nNo wait, Paris.", False),        # the first line only
+    (["Paris"], "Parisian food is good.", False),  # whole words
+    (["Paris"], "It is Lyon.\nNo wait, Paris.", False),  # the first line only
     (["Jupiter"], "The largest planet is Neptune.", False),
     (["carbon dioxide", "CO2"], "Plants take in CO2.", True),  # any accepted answer
     (["carbon dioxide", "CO2"], "They take in carbon  dioxide.", True),
-    (["the Nile"], "It is Nile", True),                       # articles are dropped on both sides
+    (["the Nile"], "It is Nile", True),  # articles are dropped on both sides
     (["William Shakespeare", "Shakespeare"], "Shakespeare wrote it.", True),
     (["blue"], "", False),
 ]
@@ -130,19 +130,22 @@ def test_wilson_interval_matches_published_values(k, n, lo, hi):
 def test_wilson_interval_edges():
     assert ev.wilson_interval(0, 0) == (0.0, 1.0)
     lo, hi = ev.wilson_interval(10, 10)
-    assert hi == 1.0 and lo == pytest.approx(0.7225, abs=1e-4)     # mirror of 0/10 -> (0, 0.2775)
+    assert hi == 1.0 and lo == pytest.approx(0.7225, abs=1e-4)  # mirror of 0/10 -> (0, 0.2775)
     assert ev.wilson_interval(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
 
 
-@pytest.mark.parametrize("wins, losses, p", [
-    (1, 9, 22 / 1024),        # 2 * (C(10,0) + C(10,1)) / 2^10
-    (9, 1, 22 / 1024),
-    (0, 5, 2 / 32),
-    (10, 0, 2 / 1024),
-    (3, 10, 2 * (1 + 13 + 78 + 286) / 8192),
-    (2, 2, 1.0),
-    (0, 0, 1.0),
-])
+@pytest.mark.parametrize(
+    "wins, losses, p",
+    [
+        (1, 9, 22 / 1024),  # 2 * (C(10,0) + C(10,1)) / 2^10
+        (9, 1, 22 / 1024),
+        (0, 5, 2 / 32),
+        (10, 0, 2 / 1024),
+        (3, 10, 2 * (1 + 13 + 78 + 286) / 8192),
+        (2, 2, 1.0),
+        (0, 0, 1.0),
+    ],
+)
 def test_exact_sign_test(wins, losses, p):
     assert ev.sign_test(wins, losses) == pytest.approx(p, rel=1e-12)
 
@@ -151,27 +154,37 @@ def test_sign_test_is_exact_for_large_counts():
     # 2 * P(X <= 100) for X ~ Binomial(300, 1/2): tiny, but not rounded to zero.
     p = ev.sign_test(100, 200)
     assert 0 < p < 1e-8
-    assert math.isclose(p, 2 * sum(math.comb(300, i) for i in range(101)) / 2 ** 300, rel_tol=1e-12)
+    assert math.isclose(p, 2 * sum(math.comb(300, i) for i in range(101)) / 2**300, rel_tol=1e-12)
 
 
 def test_paired_comparison_counts_items():
     greedy = {0: 1, 1: 0, 2: 1, 3: 0, 4: 1}
     sampler = {0: 1, 1: 1, 2: 0.5, 3: 0, 4: 0}
-    assert ev.paired_comparison(sampler, greedy) == {"wins": 1, "losses": 2, "ties": 2,
-                                                     "p_value": ev.sign_test(1, 2)}
+    assert ev.paired_comparison(sampler, greedy) == {"wins": 1, "losses": 2, "ties": 2, "p_value": ev.sign_test(1, 2)}
 
 
 def record(sampler, seed, index, correct, tokens=4, strategies=None):
-    return {"sampler": sampler, "seed": seed, "index": index, "correct": correct, "tokens": tokens,
-            "seconds": 1.0, "strategies": strategies or {"argmax": tokens}, "thinking_insertions": 0}
+    return {
+        "sampler": sampler,
+        "seed": seed,
+        "index": index,
+        "correct": correct,
+        "tokens": tokens,
+        "seconds": 1.0,
+        "strategies": strategies or {"argmax": tokens},
+        "thinking_insertions": 0,
+    }
 
 
 def test_summary_of_several_seeds():
     tasks = [ev.Task(i, f"q{i}", ["1"]) for i in range(4)]
     config = ev.EvalConfig(samplers=["greedy", "temperature"], seeds=2)
     records = {}
-    for name, seed, correct in [("greedy", 0, [1, 0, 1, 0]), ("temperature", 0, [1, 1, 0, 0]),
-                                ("temperature", 1, [1, 1, 1, 0])]:
+    for name, seed, correct in [
+        ("greedy", 0, [1, 0, 1, 0]),
+        ("temperature", 0, [1, 1, 0, 0]),
+        ("temperature", 1, [1, 1, 1, 0]),
+    ]:
         for i, c in enumerate(correct):
             records[(name, seed, i)] = record(name, seed, i, bool(c), strategies={"sample": 4})
     s = ev.summarize(records, tasks, config)["samplers"]
@@ -186,6 +199,7 @@ def test_summary_of_several_seeds():
 
 
 # -- task files -----------------------------------------------------------------
+
 
 def test_builtin_tasks_have_every_kind():
     # size, answers and splits of the built-in tasks: tests/test_eval_tasks.py
@@ -229,7 +243,7 @@ def test_bad_task_files_say_what_is_wrong(tmp_path, text, message):
         ev.load_tasks(path)
     assert "\n" not in str(e.value)
     if message != "has no items":
-        assert "tasks.jsonl line 2" in str(e.value)     # the bad line, after one good one
+        assert "tasks.jsonl line 2" in str(e.value)  # the bad line, after one good one
 
 
 def test_missing_task_file(tmp_path):
@@ -277,7 +291,7 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tiny, tmp_path):
     model, tokenizer = tiny
     tasks = ev.load_tasks(write_tasks(tmp_path / "t.jsonl"))
     config = ev.EvalConfig(**CONFIG)
-    total = 3 * len(tasks)     # greedy once + temperature with 2 seeds
+    total = 3 * len(tasks)  # greedy once + temperature with 2 seeds
 
     seen = []
 
@@ -295,9 +309,16 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tiny, tmp_path):
         f.write('{"sampler": "temperature", "seed": 1, "ind')
 
     resumed, progress = [], []
-    results = ev.run_eval(model, tokenizer, tasks, config, out_dir=out, on_record=resumed.append,
-                          progress=lambda done, total, what: progress.append((done, total)))
-    assert len(resumed) == total - 7                      # only what was missing ran
+    results = ev.run_eval(
+        model,
+        tokenizer,
+        tasks,
+        config,
+        out_dir=out,
+        on_record=resumed.append,
+        progress=lambda done, total, what: progress.append((done, total)),
+    )
+    assert len(resumed) == total - 7  # only what was missing ran
     assert progress[0] == (7, total) and progress[-1] == (total, total)
     saved = read_items(out)
     assert len(saved) == total
@@ -339,8 +360,10 @@ def test_resuming_a_different_eval_is_refused(tiny, tmp_path):
 def test_results_do_not_depend_on_the_batch_size(tiny, tmp_path):
     model, tokenizer = tiny
     tasks = ev.load_tasks(write_tasks(tmp_path / "t.jsonl"))
-    runs = [ev.run_eval(model, tokenizer, tasks, ev.EvalConfig(**{**CONFIG, "batch_size": b}), out_dir=tmp_path / str(b))
-            for b in (1, 4)]
+    runs = [
+        ev.run_eval(model, tokenizer, tasks, ev.EvalConfig(**{**CONFIG, "batch_size": b}), out_dir=tmp_path / str(b))
+        for b in (1, 4)
+    ]
     assert outputs(read_items(tmp_path / "1")) == outputs(read_items(tmp_path / "4"))
     assert runs[0]["batch_size"] == 1 and runs[1]["batch_size"] == 4
 
@@ -358,6 +381,7 @@ def test_records_hold_what_is_needed_to_inspect_an_item(tiny, tmp_path):
 
 # -- the command -------------------------------------------------------------------
 
+
 @pytest.fixture
 def tiny_ref(tmp_path, monkeypatch, tiny):
     """A --model reference the CLI resolves to the tiny model."""
@@ -369,8 +393,25 @@ def tiny_ref(tmp_path, monkeypatch, tiny):
 
 def test_eval_command_json_and_out(tiny_ref, tmp_path):
     tasks = write_tasks(tmp_path / "t.jsonl")
-    code, out, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy,min_p", "--seeds", "2",
-                            "--max-tokens", "5", "--batch-size", "4", "--json", "--out", tmp_path / "o", "--limit", "4")
+    code, out, err = invoke(
+        "eval",
+        tasks,
+        "-m",
+        tiny_ref,
+        "--samplers",
+        "greedy,min_p",
+        "--seeds",
+        "2",
+        "--max-tokens",
+        "5",
+        "--batch-size",
+        "4",
+        "--json",
+        "--out",
+        tmp_path / "o",
+        "--limit",
+        "4",
+    )
     assert code == 0, err
     results = json.loads(out)
     assert results["items"] == 4 and results["max_tokens"] == 5 and results["batch_size"] == 4
@@ -383,25 +424,29 @@ def test_eval_command_json_and_out(tiny_ref, tmp_path):
 def test_eval_command_table_and_plot(tiny_ref, tmp_path):
     tasks = write_tasks(tmp_path / "t.jsonl")
     png = tmp_path / "acc.png"
-    code, out, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy,temperature", "--max-tokens", "3",
-                            "--plot", png)
+    code, out, err = invoke(
+        "eval", tasks, "-m", tiny_ref, "--samplers", "greedy,temperature", "--max-tokens", "3", "--plot", png
+    )
     assert code == 0, err
     assert "greedy" in out and "temperature" in out and "W/L/T" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "give a task file or --builtin"),
-    (["--builtin", "TASKS"], "give a task file or --builtin"),
-    (["--builtin", "--samplers", "greedy,nucleus"], "unknown nucleus"),
-    (["--builtin", "--samplers", ","], "empty"),
-    (["--builtin", "--plot", "out.jpg"], "ending in .png"),
-    (["--builtin", "--samplers", "greedy", "--config", "reference"], "--config sets the entropix sampler"),
-    (["--builtin", "--config", "no-such.toml"], "no-such.toml"),
-    (["--builtin", "--max-tokens", "0"], "--max-tokens"),
-    (["--builtin", "--batch-size", "0"], "--batch-size"),
-    (["missing.jsonl"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "give a task file or --builtin"),
+        (["--builtin", "TASKS"], "give a task file or --builtin"),
+        (["--builtin", "--samplers", "greedy,nucleus"], "unknown nucleus"),
+        (["--builtin", "--samplers", ","], "empty"),
+        (["--builtin", "--plot", "out.jpg"], "ending in .png"),
+        (["--builtin", "--samplers", "greedy", "--config", "reference"], "--config sets the entropix sampler"),
+        (["--builtin", "--config", "no-such.toml"], "no-such.toml"),
+        (["--builtin", "--max-tokens", "0"], "--max-tokens"),
+        (["--builtin", "--batch-size", "0"], "--batch-size"),
+        (["missing.jsonl"], "does not exist"),
+    ],
+)
 def test_eval_command_errors_are_one_line(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     if "TASKS" in args:
@@ -420,8 +465,9 @@ def test_ctrl_c_says_how_to_resume(tiny_ref, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ev, "run_eval", interrupted)
-    code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2",
-                            "--out", tmp_path / "o")
+    code, _, err = invoke(
+        "eval", tasks, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2", "--out", tmp_path / "o"
+    )
     assert code == 130
     assert "run the same command again to continue" in err
     assert len(read_items(tmp_path / "o")) == 1
@@ -429,8 +475,21 @@ def test_ctrl_c_says_how_to_resume(tiny_ref, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_builtin_eval_on_the_bundled_model(tmp_path):
-    code, out, err = invoke("eval", "--builtin", "--split", "dev", "--samplers", "greedy,entropix", "--limit", "2",
-                            "--max-tokens", "4", "--json", "--out", tmp_path / "o")
+    code, out, err = invoke(
+        "eval",
+        "--builtin",
+        "--split",
+        "dev",
+        "--samplers",
+        "greedy,entropix",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "4",
+        "--json",
+        "--out",
+        tmp_path / "o",
+    )
     assert code == 0, err
     results = json.loads(out)
     assert results["model"] == "smollm2-135m" and results["items"] == 2
@@ -442,7 +501,7 @@ def test_builtin_eval_on_the_bundled_model(tmp_path):
 
 def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     code, _, err = invoke("eval", "--builtin", "--plot", "acc.png")
     assert code == 2
     assert "pip install 'entropix-mlx[plot]'" in one_error_line(err)

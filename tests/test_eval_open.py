@@ -9,40 +9,47 @@ import random
 import mlx.core as mx
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.cli import eval as eval_cmd
+from entropix_mlx.cli import run as run_cmd
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
-from entropix_mlx.batch import Request, generate_batch
-from entropix_mlx.cli import eval as eval_cmd
-from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.decode.engine import generate_batch
+from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.loading import ModelSource
-from entropix_mlx.sampler_registry import make_sampler
-from entropix_mlx.samplers import Choice
+from entropix_mlx.model.loading import ModelSource
+from entropix_mlx.sampling.registry import make_sampler
+from entropix_mlx.sampling.samplers import Choice
 
 # -- metrics of one output ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("tokens, share", [
-    ([1, 2, 3, 4, 1, 2, 3, 4], 1 / 5),        # 5 4-grams; the last repeats the first
-    ([1, 1, 1, 1, 1, 1], 2 / 3),              # (1,1,1,1) three times: two repeats
-    ([1, 2, 3, 4, 5, 6], 0.0),
-    ([1, 2, 3, 4], 0.0),                      # one 4-gram, nothing before it
-    ([1, 2, 3], None),                        # no 4-gram at all
-    ([], None),
-    ([7, 8, 9, 7, 8, 9, 7, 8, 9], 3 / 6),     # period 3: every 4-gram after the third repeats
-])
+@pytest.mark.parametrize(
+    "tokens, share",
+    [
+        ([1, 2, 3, 4, 1, 2, 3, 4], 1 / 5),  # 5 4-grams; the last repeats the first
+        ([1, 1, 1, 1, 1, 1], 2 / 3),  # (1,1,1,1) three times: two repeats
+        ([1, 2, 3, 4, 5, 6], 0.0),
+        ([1, 2, 3, 4], 0.0),  # one 4-gram, nothing before it
+        ([1, 2, 3], None),  # no 4-gram at all
+        ([], None),
+        ([7, 8, 9, 7, 8, 9, 7, 8, 9], 3 / 6),  # period 3: every 4-gram after the third repeats
+    ],
+)
 def test_repeated_4gram_share(tokens, share):
     got = ev.repeated_ngram_share(tokens, 4)
     assert got == (pytest.approx(share) if share is not None else None)
 
 
-@pytest.mark.parametrize("tokens, value", [
-    ([1, 2, 1, 2], 2 / 3),                    # bigrams (1,2) (2,1) (1,2)
-    ([1, 2, 3], 1.0),
-    ([4, 4, 4, 4], 1 / 3),
-    ([5], None),
-])
+@pytest.mark.parametrize(
+    "tokens, value",
+    [
+        ([1, 2, 1, 2], 2 / 3),  # bigrams (1,2) (2,1) (1,2)
+        ([1, 2, 3], 1.0),
+        ([4, 4, 4, 4], 1 / 3),
+        ([5], None),
+    ],
+)
 def test_distinct_2(tokens, value):
     got = ev.distinct_n(tokens, 2)
     assert got == (pytest.approx(value) if value is not None else None)
@@ -52,16 +59,16 @@ LOOPS = [
     ([], 0),
     ([1], 0),
     ([1, 2, 3, 4], 0),
-    ([1, 1], 2),                              # one token twice
-    ([1, 2, 3, 1, 2, 3], 6),                  # "a b c a b c": the issue's example
-    ([1, 2, 3, 1, 2], 0),                     # a partial second copy is no loop
-    ([1, 2, 3, 1, 2, 3, 1], 6),               # whole copies only
+    ([1, 1], 2),  # one token twice
+    ([1, 2, 3, 1, 2, 3], 6),  # "a b c a b c": the issue's example
+    ([1, 2, 3, 1, 2], 0),  # a partial second copy is no loop
+    ([1, 2, 3, 1, 2, 3, 1], 6),  # whole copies only
     ([9, 1, 1, 1, 1], 4),
     ([1, 2, 1, 2, 1], 4),
     ([1, 2, 3] * 3, 9),
-    ([5, 1, 2, 1, 2, 7, 7], 4),               # the longest of two loops
+    ([5, 1, 2, 1, 2, 7, 7], 4),  # the longest of two loops
     (list(range(7)) * 2, 14),
-    ([0, 1, 2, 3, 4, 5] + [8, 9] * 6 + [3], 12),   # a 12-token loop after 6 fresh tokens
+    ([0, 1, 2, 3, 4, 5] + [8, 9] * 6 + [3], 12),  # a 12-token loop after 6 fresh tokens
 ]
 
 
@@ -74,8 +81,8 @@ def naive_longest_loop(tokens):
     """Every start, unit length and number of whole copies, by brute force."""
     best = 0
     for i, p in itertools.product(range(len(tokens)), range(1, len(tokens) + 1)):
-        unit, copies = tokens[i:i + p], 1
-        while tokens[i + copies * p: i + (copies + 1) * p] == unit:
+        unit, copies = tokens[i : i + p], 1
+        while tokens[i + copies * p : i + (copies + 1) * p] == unit:
             copies += 1
         if copies >= 2:
             best = max(best, copies * p)
@@ -89,10 +96,16 @@ def test_longest_loop_matches_brute_force_on_random_sequences():
         assert ev.longest_loop(tokens) == naive_longest_loop(tokens), tokens
 
 
-@pytest.mark.parametrize("n, finish, early", [
-    (0, "eos", True), (5, "eos", True), (15, "eos", True), (16, "eos", False),
-    (5, "length", False),                     # cut by --max-tokens, not ended by the model
-])
+@pytest.mark.parametrize(
+    "n, finish, early",
+    [
+        (0, "eos", True),
+        (5, "eos", True),
+        (15, "eos", True),
+        (16, "eos", False),
+        (5, "length", False),  # cut by --max-tokens, not ended by the model
+    ],
+)
 def test_early_endings(n, finish, early):
     m = ev.text_metrics(list(range(n)), [-1.0] * n, finish)
     assert m["early_end"] is early
@@ -109,8 +122,14 @@ def test_sequence_logprobs_equal_what_the_sampler_saw():
     model, tokenizer = make_tiny_model(), make_tiny_tokenizer()
     prompt = tokenizer.encode("Once upon a time")
     for name in ("greedy", "temperature"):
-        [(_, result, _)] = list(generate_batch(model, tokenizer, [Request(prompt, seed=3, max_tokens=12)],
-                                               lambda: make_sampler(name, tokenizer=tokenizer, metrics=False)))
+        [(_, result, _)] = list(
+            generate_batch(
+                model,
+                tokenizer,
+                [Request(prompt, seed=3, max_tokens=12)],
+                lambda: make_sampler(name, tokenizer=tokenizer, metrics=False),
+            )
+        )
         assert len(result.tokens) >= 2
         rescored = ev.sequence_logprobs(model, prompt, result.tokens)
         assert rescored == pytest.approx(result.logprobs, abs=2e-4)
@@ -127,6 +146,7 @@ def test_sequence_logprobs_by_hand():
 
 
 # -- the runner, with scripted samplers -------------------------------------------------
+
 
 class Scripted:
     """Writes a fixed text, then ends the turn."""
@@ -151,26 +171,37 @@ def tiny():
 def test_open_runner_measures_known_outputs(tiny, tmp_path):
     model, tokenizer = tiny
     eos = sorted(tokenizer.eos_token_ids)[0]
-    loop = tokenizer.encode("ab" * 20)                                 # 40 tokens of "abab..."
+    loop = tokenizer.encode("ab" * 20)  # 40 tokens of "abab..."
     varied = tokenizer.encode("The quick brown fox jumps over a lazy dog")
     short = tokenizer.encode("Hi.")
     scripts = {"greedy": loop, "temperature": varied, "min_p": short}
     prompts = [ev.OpenPrompt(i, t) for i, t in enumerate(["Write a poem.", "Tell a story.", "Explain rain."])]
-    config = ev.OpenConfig(samplers=["greedy", "temperature", "min_p"], seeds=2, max_tokens=30, batch_size=2,
-                           model_name="tiny")
-    results = ev.run_open(model, tokenizer, prompts, config, out_dir=tmp_path / "o",
-                          make_sampler=lambda name: Scripted(scripts[name], eos))
+    config = ev.OpenConfig(
+        samplers=["greedy", "temperature", "min_p"], seeds=2, max_tokens=30, batch_size=2, model_name="tiny"
+    )
+    results = ev.run_open(
+        model,
+        tokenizer,
+        prompts,
+        config,
+        out_dir=tmp_path / "o",
+        make_sampler=lambda name: Scripted(scripts[name], eos),
+    )
     s = results["samplers"]
     g = s["greedy"]
     # 30 tokens of "abab...": 27 4-grams, all but the first two repeat; one 30-token loop (15 copies of "ab")
     assert g["repeated_4gram_share"] == pytest.approx(25 / 27)
     assert g["longest_loop_max"] == 30 and g["loops_at_least_alert"] == 3
     assert g["distinct_2"] == pytest.approx(2 / 29) and g["early_endings"] == 0 and g["mean_tokens"] == 30
-    assert g["mean_logprob"] < 0                                      # rescored under the model, not the script's 0.0
+    assert g["mean_logprob"] < 0  # rescored under the model, not the script's 0.0
     t = s["temperature"]
     assert t["outputs"] == 6 and t["longest_loop_max"] < ev.LOOP_ALERT and t["early_endings"] == 0
-    assert t["repeated_4gram_share"] == 0 and t["vs_greedy"] == {"wins": 3, "losses": 0, "ties": 0,
-                                                                  "p_value": ev.sign_test(3, 0)}
+    assert t["repeated_4gram_share"] == 0 and t["vs_greedy"] == {
+        "wins": 3,
+        "losses": 0,
+        "ties": 0,
+        "p_value": ev.sign_test(3, 0),
+    }
     m = s["min_p"]
     # 3 tokens: no 4-gram, so no share to compare with greedy's
     assert m["early_endings"] == 6 and m["repeated_4gram_share"] is None and m["mean_tokens"] == 3
@@ -183,24 +214,57 @@ def test_open_runner_measures_known_outputs(tiny, tmp_path):
     assert json.loads((tmp_path / "o" / "results.json").read_text())["mode"] == "open"
     # the same directory resumes without running anything; an accuracy eval there is refused
     again = []
-    ev.run_open(model, tokenizer, prompts, config, out_dir=tmp_path / "o", on_record=again.append,
-                make_sampler=lambda name: Scripted(scripts[name], eos))
+    ev.run_open(
+        model,
+        tokenizer,
+        prompts,
+        config,
+        out_dir=tmp_path / "o",
+        on_record=again.append,
+        make_sampler=lambda name: Scripted(scripts[name], eos),
+    )
     assert again == []
     with pytest.raises(ConfigError, match="different eval"):
-        ev.run_eval(model, tokenizer, [ev.Task(0, "q", ["1"])], ev.EvalConfig(samplers=["greedy"]),
-                    out_dir=tmp_path / "o")
+        ev.run_eval(
+            model, tokenizer, [ev.Task(0, "q", ["1"])], ev.EvalConfig(samplers=["greedy"]), out_dir=tmp_path / "o"
+        )
     assert "rep-4 %" in ev.markdown_table(results)
 
 
 def test_open_table_rows():
-    results = {"loop_alert": 12, "early_tokens": 16, "samplers": {
-        "greedy": {"seeds": 1, "outputs": 4, "repeated_4gram_share": 0.25, "repeated_4gram_share_std": 0.0,
-                   "distinct_2": 0.5, "longest_loop_max": 14, "longest_loop_mean": 7.25, "loops_at_least_alert": 1,
-                   "mean_logprob": -1.5, "early_endings": 0, "mean_tokens": 64.0},
-        "min_p": {"seeds": 2, "outputs": 8, "repeated_4gram_share": None, "repeated_4gram_share_std": 0.0,
-                  "distinct_2": None, "longest_loop_max": 0, "longest_loop_mean": 0.0, "loops_at_least_alert": 0,
-                  "mean_logprob": None, "early_endings": 8, "mean_tokens": 0.0,
-                  "vs_greedy": {"wins": 3, "losses": 1, "ties": 0, "p_value": 0.625}}}}
+    results = {
+        "loop_alert": 12,
+        "early_tokens": 16,
+        "samplers": {
+            "greedy": {
+                "seeds": 1,
+                "outputs": 4,
+                "repeated_4gram_share": 0.25,
+                "repeated_4gram_share_std": 0.0,
+                "distinct_2": 0.5,
+                "longest_loop_max": 14,
+                "longest_loop_mean": 7.25,
+                "loops_at_least_alert": 1,
+                "mean_logprob": -1.5,
+                "early_endings": 0,
+                "mean_tokens": 64.0,
+            },
+            "min_p": {
+                "seeds": 2,
+                "outputs": 8,
+                "repeated_4gram_share": None,
+                "repeated_4gram_share_std": 0.0,
+                "distinct_2": None,
+                "longest_loop_max": 0,
+                "longest_loop_mean": 0.0,
+                "loops_at_least_alert": 0,
+                "mean_logprob": None,
+                "early_endings": 8,
+                "mean_tokens": 0.0,
+                "vs_greedy": {"wins": 3, "losses": 1, "ties": 0, "p_value": 0.625},
+            },
+        },
+    }
     greedy, min_p = ev.open_table_rows(results)
     assert greedy["rep-4 %"] == "25.0" and greedy["loop max/mean"] == "14 / 7.2" and greedy["loops >= 12"] == "1/4"
     assert greedy["W/L/T rep-4 vs greedy"] == ""
@@ -208,6 +272,7 @@ def test_open_table_rows():
 
 
 # -- prompt files and the command -----------------------------------------------------
+
 
 def test_builtin_prompts():
     prompts = ev.load_prompts(ev.builtin_prompts_path())
@@ -240,8 +305,24 @@ def test_open_command_end_to_end(tiny_ref, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Write a haiku about the sea.\nExplain rain.\nList three fruits.\n")
     png = tmp_path / "open.png"
-    code, out, err = invoke("eval", "--open", prompts, "-m", tiny_ref, "--samplers", "greedy,min_p", "--seeds", "2",
-                            "--max-tokens", "20", "--json", "--out", tmp_path / "o", "--plot", png)
+    code, out, err = invoke(
+        "eval",
+        "--open",
+        prompts,
+        "-m",
+        tiny_ref,
+        "--samplers",
+        "greedy,min_p",
+        "--seeds",
+        "2",
+        "--max-tokens",
+        "20",
+        "--json",
+        "--out",
+        tmp_path / "o",
+        "--plot",
+        png,
+    )
     assert code == 0, err
     results = json.loads(out)
     assert results["mode"] == "open" and results["items"] == 3 and results["max_tokens"] == 20
@@ -253,19 +334,23 @@ def test_open_command_end_to_end(tiny_ref, tmp_path):
     assert len((tmp_path / "o" / "items.jsonl").read_text().splitlines()) == 9
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the table, on the built-in prompts (64 tokens by default: here only 2 prompts, 4 tokens)
-    code, out, err = invoke("eval", "--open", "-m", tiny_ref, "--samplers", "greedy", "--limit", "2",
-                            "--max-tokens", "4")
+    code, out, err = invoke(
+        "eval", "--open", "-m", tiny_ref, "--samplers", "greedy", "--limit", "2", "--max-tokens", "4"
+    )
     assert code == 0, err
     assert "builtin prompts" in out and "rep-4" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--open", "--cot"], "--cot is for task files"),
-    (["--open", "--split", "dev"], "--open prompts have no split"),
-    (["--open", "--builtin", "p.txt"], "give a prompt file or --builtin"),
-    (["--open", "missing.txt"], "prompt file missing.txt does not exist"),
-    (["--open", "--samplers", "greedy,bogus"], "unknown bogus"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--open", "--cot"], "--cot is for task files"),
+        (["--open", "--split", "dev"], "--open prompts have no split"),
+        (["--open", "--builtin", "p.txt"], "give a prompt file or --builtin"),
+        (["--open", "missing.txt"], "prompt file missing.txt does not exist"),
+        (["--open", "--samplers", "greedy,bogus"], "unknown bogus"),
+    ],
+)
 def test_open_command_errors_are_one_line(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.txt").write_text("Write.\n")
@@ -281,10 +366,10 @@ COT = [
     ("16 - 3 - 4 = 9 eggs are left.\n9 * 2 = 18 dollars.\nAnswer: 18", "18", True),
     ("16 - 3 - 4 = 9.\n9 * 2 = 18\nAnswer: $18.", "18", True),
     ("Step 1: 16 - 7 = 9\nThe answer is: 18\n", "18", True),
-    ("Answer: 9\nHmm, 9 * 2 = 18, so that was wrong.", "9", False),   # the last line with "Answer:" counts
-    ("16 - 3 - 4 = 9\n9 * 2 = 18", "18", True),                      # no Answer line: the last line
+    ("Answer: 9\nHmm, 9 * 2 = 18, so that was wrong.", "9", False),  # the last line with "Answer:" counts
+    ("16 - 3 - 4 = 9\n9 * 2 = 18", "18", True),  # no Answer line: the last line
     ("She sells 9 eggs for 2 dollars each, 18 in all.\nAnswer: see above", "18", True),  # no number there: last number
-    ("She makes 18 dollars.\nThen 4 more", "4", False),                # last line, as documented
+    ("She makes 18 dollars.\nThen 4 more", "4", False),  # last line, as documented
     ("", None, False),
 ]
 
@@ -309,17 +394,29 @@ def test_cot_prompts():
     assert "step by step" in number.prompt_text(cot=True) and '"Answer: <number>"' in number.prompt_text(cot=True)
     assert number.prompt_text() == "What is 2 + 2?\nAnswer with the number only."
     own = ev.Task(0, "q", ["4"], prompt="Q: {question}")
-    assert own.prompt_text(cot=True) == "Q: q"                        # an item's own template wins
+    assert own.prompt_text(cot=True) == "Q: q"  # an item's own template wins
 
 
 def test_cot_command_on_a_tiny_gsm8k_file(tiny_ref, tmp_path):
     gsm = tmp_path / "gsm8k_tiny.jsonl"
-    gsm.write_text("".join(json.dumps(line) + "\n" for line in [
-        {"question": "Tom has 3 apples and buys 4 more. How many apples?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
-        {"question": "A box has 12 eggs and 5 break. How many are left?", "answer": "12 - 5 = <<12-5=7>>7\n#### 7"},
-    ]))
-    code, out, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--limit", "1",
-                            "--json", "--out", tmp_path / "o")
+    gsm.write_text(
+        "".join(
+            json.dumps(line) + "\n"
+            for line in [
+                {
+                    "question": "Tom has 3 apples and buys 4 more. How many apples?",
+                    "answer": "3 + 4 = <<3+4=7>>7\n#### 7",
+                },
+                {
+                    "question": "A box has 12 eggs and 5 break. How many are left?",
+                    "answer": "12 - 5 = <<12-5=7>>7\n#### 7",
+                },
+            ]
+        )
+    )
+    code, out, err = invoke(
+        "eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--json", "--out", tmp_path / "o"
+    )
     assert code == 0, err
     results = json.loads(out)
     assert results["cot"] is True and results["max_tokens"] == 256 and results["items"] == 1
@@ -328,13 +425,50 @@ def test_cot_command_on_a_tiny_gsm8k_file(tiny_ref, tmp_path):
     assert record["extracted"] == ev.score(record["output"], ev.Task(0, "q", ["7"]), cot=True)[0]
     assert json.loads((tmp_path / "o" / "config.json").read_text())["cot"] is True
     # the same directory without --cot: other prompts, refused rather than mixed
-    code, _, err = invoke("eval", gsm, "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--max-tokens", "256",
-                          "--out", tmp_path / "o")
+    code, _, err = invoke(
+        "eval",
+        gsm,
+        "-m",
+        tiny_ref,
+        "--samplers",
+        "greedy",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "256",
+        "--out",
+        tmp_path / "o",
+    )
     assert code == 2 and "other questions or prompts" in err
     # and a directory written without --cot is refused to --cot
-    code, _, err = invoke("eval", gsm, "-m", tiny_ref, "--samplers", "greedy", "--limit", "1", "--max-tokens", "3",
-                          "--out", tmp_path / "plain")
+    code, _, err = invoke(
+        "eval",
+        gsm,
+        "-m",
+        tiny_ref,
+        "--samplers",
+        "greedy",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "3",
+        "--out",
+        tmp_path / "plain",
+    )
     assert code == 0, err
-    code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--limit", "1",
-                          "--max-tokens", "3", "--out", tmp_path / "plain")
+    code, _, err = invoke(
+        "eval",
+        gsm,
+        "--cot",
+        "-m",
+        tiny_ref,
+        "--samplers",
+        "greedy",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "3",
+        "--out",
+        tmp_path / "plain",
+    )
     assert code == 2 and "cot changed" in err

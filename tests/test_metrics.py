@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from entropix_mlx.metrics import METRIC_NAMES, attention_metrics, logits_entropy, select_layers, step_metrics
+from entropix_mlx.sampling.metrics import METRIC_NAMES, attention_metrics, logits_entropy, select_layers, step_metrics
 
 
 def np_logits_entropy(logits):
@@ -40,14 +40,14 @@ def test_logits_entropy_matches_numpy(seed):
 
 
 def test_logits_entropy_known_values_in_bits():
-    h, v = logits_entropy(mx.zeros(256))                 # uniform over 2**8 tokens
+    h, v = logits_entropy(mx.zeros(256))  # uniform over 2**8 tokens
     assert h.item() == pytest.approx(8.0, abs=1e-4)
     assert v.item() == pytest.approx(0.0, abs=1e-4)
-    two_peaks = mx.array([0.0, 0.0] + [-1e9] * 10)       # two equal tokens, rest impossible
+    two_peaks = mx.array([0.0, 0.0] + [-1e9] * 10)  # two equal tokens, rest impossible
     h, v = logits_entropy(two_peaks)
     assert h.item() == pytest.approx(1.0, abs=1e-5)
     assert v.item() == pytest.approx(0.0, abs=1e-5)
-    masked = mx.array([0.0, 0.0, -mx.inf, -mx.inf])      # -inf logits (filtered) contribute nothing
+    masked = mx.array([0.0, 0.0, -mx.inf, -mx.inf])  # -inf logits (filtered) contribute nothing
     h, v = logits_entropy(masked)
     assert (h.item(), v.item()) == pytest.approx((1.0, 0.0), abs=1e-5)
 
@@ -76,7 +76,7 @@ def test_padded_keys_are_left_out():
     rng = np.random.default_rng(7)
     scores = rng.normal(size=(2, 4, 10)).astype(np.float32)
     padded = scores.copy()
-    padded[:, :, 6:] = -np.inf                          # keys 6..9 are padding
+    padded[:, :, 6:] = -np.inf  # keys 6..9 are padding
     got = attention_metrics(mx.array(padded))
     for name in ("attn_entropy", "attn_varentropy", "agreement", "interaction_strength"):
         ref = [np_attention(scores[i], 6)[name] for i in range(2)]
@@ -85,7 +85,7 @@ def test_padded_keys_are_left_out():
 
 def test_agreement_measures_disagreement():
     same = mx.broadcast_to(mx.array([3.0, 0.0, 0.0, 0.0]), (4, 4))
-    different = mx.array(np.eye(4, dtype=np.float32) * 8)   # each head looks at another key
+    different = mx.array(np.eye(4, dtype=np.float32) * 8)  # each head looks at another key
     assert attention_metrics(same[None])["agreement"].item() == pytest.approx(0.0, abs=1e-7)
     assert attention_metrics(different[None])["agreement"].item() > 0.3
     # Uniform attention over 16 keys: 4 bits in every head, no spread across heads.

@@ -8,14 +8,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 from mlx_lm.models import llama
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cache import fork_cache, make_cache, trim_cache
-from entropix_mlx.generate import generate
-from entropix_mlx.loading import FreqsRoPE, bundled_path, load_gguf
-from entropix_mlx.samplers import GreedySampler
+from entropix_mlx.decode.generate import generate
+from entropix_mlx.model.cache import fork_cache, make_cache, trim_cache
+from entropix_mlx.model.loading import FreqsRoPE, bundled_path, load_gguf
+from entropix_mlx.sampling.samplers import GreedySampler
 
 # --------------------------------------------------------------------------
 # A by-hand reference: the whole causal forward pass written out with plain
@@ -49,7 +49,7 @@ def _rope(x, inv_freqs, traditional):
         out = np.empty_like(x)
         out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
         return out
-    a, b = x[..., : D // 2], x[..., D // 2:]
+    a, b = x[..., : D // 2], x[..., D // 2 :]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
@@ -104,7 +104,7 @@ def assert_step_matches(model, logits, scores, tokens, tol=1e-4):
     layer (1, heads, keys)) equals the by-hand full forward over `tokens`."""
     ref_logits, ref_scores = reference_forward(model, tokens)
     assert len(scores) == len(ref_scores)
-    for s, ref in zip(scores, ref_scores):
+    for s, ref in zip(scores, ref_scores, strict=False):
         assert s.dtype == mx.float32
         assert s.shape == (1, ref.shape[0], len(tokens)), "scores must cover exactly the visible keys"
         np.testing.assert_allclose(_np(s[0]), ref, atol=tol, rtol=tol)
@@ -185,7 +185,7 @@ def test_key_mask_hides_padding_keys():
     key_mask = mx.array([[False, False, True, True, True, True]])
     mask = mx.where(mx.tril(mx.ones((6, 6), dtype=mx.bool_)) & key_mask[:, None, :], 0.0, -mx.inf)
     _, scores = model(mx.array([padded]), mask=mask[:, None].astype(mx.float32), key_mask=key_mask)
-    for s, p in zip(scores, plain):
+    for s, p in zip(scores, plain, strict=False):
         assert s.shape == (1, 4, 6)
         assert np.all(np.isneginf(_np(s[0, :, :2])))
         # RoPE is relative, so a shift by two positions leaves q.k unchanged.
@@ -198,7 +198,7 @@ def test_a_packed_pass_equals_one_pass_per_input():
     a pass of its own gives, and the prompts' equal the by-hand forward."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from entropix_mlx.model import Segment
+    from entropix_mlx.model.llama import Segment
 
     model = make_tiny_model(seed=4)
     rows = [[7, 8, 9, 10], [20, 21]]
@@ -215,18 +215,21 @@ def test_a_packed_pass_equals_one_pass_per_input():
 
     key_mask = mx.array([[True] * 5, [False, False, True, True, True]])
     decode, fresh, after = mx.array([[11], [22]]), mx.array([[40, 41, 42]]), mx.array([[50, 51]])
-    alone = [model(decode, c := batch_cache(), key_mask=key_mask, last_only=True) + (c,),
-             model(fresh, c := make_cache(model), last_only=True) + (c,),
-             model(after, c := prefix_cache(), last_only=True) + (c,)]
+    alone = [
+        model(decode, c := batch_cache(), key_mask=key_mask, last_only=True) + (c,),
+        model(fresh, c := make_cache(model), last_only=True) + (c,),
+        model(after, c := prefix_cache(), last_only=True) + (c,),
+    ]
     caches = [batch_cache(), make_cache(model), prefix_cache()]
-    packed = model.packed([Segment(decode, caches[0], key_mask=key_mask), Segment(fresh, caches[1]),
-                           Segment(after, caches[2])])
-    for (logits, scores, cache), (p_logits, p_scores), p_cache in zip(alone, packed, caches):
+    packed = model.packed(
+        [Segment(decode, caches[0], key_mask=key_mask), Segment(fresh, caches[1]), Segment(after, caches[2])]
+    )
+    for (logits, scores, cache), (p_logits, p_scores), p_cache in zip(alone, packed, caches, strict=False):
         assert p_logits.shape == logits.shape and len(p_scores) == len(scores)
         np.testing.assert_allclose(_np(p_logits), _np(logits), atol=1e-5, rtol=1e-5)
-        for s, p in zip(scores, p_scores):
+        for s, p in zip(scores, p_scores, strict=False):
             np.testing.assert_allclose(_np(p), _np(s), atol=1e-5, rtol=1e-5)
-        for c, pc in zip(cache, p_cache):
+        for c, pc in zip(cache, p_cache, strict=False):
             assert pc.offset == c.offset if isinstance(c.offset, int) else mx.array_equal(pc.offset, c.offset)
             np.testing.assert_allclose(_np(pc.state[0]), _np(c.state[0]), atol=1e-5, rtol=1e-5)
     assert_step_matches(model, packed[1][0], packed[1][1], [40, 41, 42])
@@ -237,8 +240,13 @@ def test_a_packed_pass_equals_one_pass_per_input():
 # Llama-3 RoPE scaling
 # --------------------------------------------------------------------------
 
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 def test_llama3_rope_scaling_matches_mlx_lm_and_reference():
@@ -256,7 +264,7 @@ def test_llama3_rope_scaling_matches_mlx_lm_and_reference():
     inv_freqs = llama3_inv_freqs(16, TINY_CONFIG["rope_theta"], 8.0, 1.0, 4.0, 16)
     ref_logits, ref_scores = reference_forward(model, tokens, inv_freqs)
     np.testing.assert_allclose(_np(logits[0]), ref_logits, atol=1e-4, rtol=1e-4)
-    for s, ref in zip(scores, ref_scores):
+    for s, ref in zip(scores, ref_scores, strict=False):
         np.testing.assert_allclose(_np(s[0]), ref, atol=1e-4, rtol=1e-4)
 
     unscaled_logits, _ = reference_forward(model, tokens)
@@ -268,8 +276,7 @@ def test_freqs_rope_matches_llama3_rope():
     FreqsRoPE with the factors llama.cpp's converter computes equals mlx-lm's
     Llama3RoPE, in both layouts, at offsets past the original context."""
     dims, base = 64, 500000.0
-    cfg = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 64}
+    cfg = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     inv = 1.0 / base ** (np.arange(0, dims, 2) / dims)
     factors = inv / llama3_inv_freqs(dims, base, 8.0, 1.0, 4.0, 64)  # 1 (high freq) .. 8 (low freq)
     assert factors.min() == pytest.approx(1.0) and factors.max() == pytest.approx(8.0)
@@ -279,8 +286,7 @@ def test_freqs_rope_matches_llama3_rope():
         ours = FreqsRoPE(nn.RoPE(dims, traditional=traditional, base=base), mx.array(factors, dtype=mx.float32))
         theirs = Llama3RoPE(dims, traditional=traditional, base=base, scaling_config=cfg)
         for offset in (0, 100, 5000):
-            np.testing.assert_allclose(_np(ours(x, offset=offset)), _np(theirs(x, offset=offset)),
-                                       atol=1e-3, rtol=1e-4)
+            np.testing.assert_allclose(_np(ours(x, offset=offset)), _np(theirs(x, offset=offset)), atol=1e-3, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------
@@ -303,7 +309,8 @@ def test_bundled_logits_match_mlx_lm(smollm_native, mlx_lm_bundled):
 
     model, tokenizer = smollm_native
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True)
+        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True
+    )
     cache, ref_cache = make_cache(model), make_prompt_cache(mlx_lm_bundled)
     logits, scores = model(mx.array([ids]), cache)
     ref = mlx_lm_bundled(mx.array([ids]), cache=ref_cache)
@@ -332,8 +339,9 @@ def test_bundled_greedy_continuations_match_mlx_lm(smollm_native, mlx_lm_bundled
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 9.11"]
     for prompt in prompts:
         ids = tokenizer.encode(prompt)
-        theirs = [r.token for r in stream_generate(mlx_lm_bundled, tokenizer, ids, max_tokens=12)
-                  if r.finish_reason != "stop"]
+        theirs = [
+            r.token for r in stream_generate(mlx_lm_bundled, tokenizer, ids, max_tokens=12) if r.finish_reason != "stop"
+        ]
         ours = [event.token for event in generate(model, tokenizer, ids, GreedySampler(), max_tokens=12)]
         assert len(ours) == 12
         assert ours == theirs, prompt
@@ -350,7 +358,7 @@ def greedy_by_full_forward(model, prompt, n):
     for _ in range(n):
         logits, _ = model(mx.array([tokens]))
         tokens.append(mx.argmax(logits[0, -1]).item())
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def test_generate_stops_at_max_tokens(tiny_model, tiny_tokenizer):

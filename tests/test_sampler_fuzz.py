@@ -8,11 +8,12 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from entropix_mlx.samplers import Step
-from entropix_mlx.sampler_registry import make_sampler
-from entropix_mlx.metrics import METRIC_NAMES
+from entropix_mlx.sampling.metrics import METRIC_NAMES
+from entropix_mlx.sampling.registry import make_sampler
+from entropix_mlx.sampling.samplers import Step
 
 SHAPES = ("random", "nan", "posinf", "neginf_all_but_one", "all_equal", "one_hot", "all_nan", "all_neginf", "huge")
 
@@ -50,12 +51,12 @@ def cases(draw):
     n_layers, heads, keys = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 12))
     scores = [rng.normal(0, 3, (heads, keys)).astype(np.float32) for _ in range(n_layers)]
     if draw(st.booleans()):
-        scores[0][:, : max(0, keys - 1)] = -np.inf   # attention confined to one key
+        scores[0][:, : max(0, keys - 1)] = -np.inf  # attention confined to one key
     name = draw(st.sampled_from(["greedy", "temperature", "min_p", "entropix"]))
     params = {
         "temperature": draw(st.floats(0.05, 3.0)),
         "top_p": draw(st.floats(0.01, 1.0)),
-        "top_k": draw(st.integers(0, 1000)),       # often larger than the vocabulary
+        "top_k": draw(st.integers(0, 1000)),  # often larger than the vocabulary
         "min_p": draw(st.sampled_from([0.0, 0.05, 0.5, 0.99, 0.999])),  # a high min_p keeps only the top token
     }
     return seed, make_logits(kind, vocab, rng), scores, name, params, kind
@@ -88,7 +89,7 @@ def test_samplers_always_return_a_valid_token(case):
     for metric in METRIC_NAMES:
         if metric in choice.metrics:
             assert math.isfinite(choice.metrics[metric]), (metric, choice.metrics[metric], kind)
-    for value in choice.logprobs:   # None: unknown (an inserted token without a model); never NaN
+    for value in choice.logprobs:  # None: unknown (an inserted token without a model); never NaN
         assert value is None or not math.isnan(value), (choice.logprobs, kind)
     if kind in ("nan", "all_nan", "posinf", "all_neginf"):
         assert choice.note, f"{kind} logits were not recorded"
@@ -109,7 +110,7 @@ def test_greedy_without_logprobs_chooses_what_the_full_path_chooses(case):
 
 
 def test_greedy_keeps_its_logprobs_when_it_computes_metrics():
-    sampler = make_sampler("greedy", logprobs=False)   # metrics on: the log-probability comes with them
+    sampler = make_sampler("greedy", logprobs=False)  # metrics on: the log-probability comes with them
     choice = sampler.choose(Step(mx.array([0.0, 2.0, 1.0]), [mx.zeros((1, 2))], []), mx.random.key(0))
     assert choice.tokens == [1] and choice.logprobs[0] == pytest.approx(2.0 - np.log(1 + np.e**2 + np.e))
 
@@ -162,8 +163,10 @@ class TestEdgeLogits:
         assert choice.metrics["varentropy"] == pytest.approx(0.0, abs=1e-3)
 
 
-@pytest.mark.parametrize("name", ["temperature", "min_p", "entropix"])   # greedy takes no filter parameters
+@pytest.mark.parametrize("name", ["temperature", "min_p", "entropix"])  # greedy takes no filter parameters
 def test_top_k_beyond_vocabulary_and_min_p_near_one(name):
     logits = mx.array(np.linspace(0, 3, 20).astype(np.float32))
-    choice = make_sampler(name, top_k=10_000, min_p=0.999).choose(Step(logits, TestEdgeLogits.scores, []), mx.random.key(1))
+    choice = make_sampler(name, top_k=10_000, min_p=0.999).choose(
+        Step(logits, TestEdgeLogits.scores, []), mx.random.key(1)
+    )
     assert choice.tokens[:1] == [19]  # min_p near 1 keeps only the most likely token

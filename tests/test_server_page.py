@@ -22,14 +22,19 @@ def server(tmp_path_factory):
 def browser(tmp_path_factory):
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=chromium_path(),
-            args=CHROMIUM_ARGS, headless=True, viewport={"width": 1100, "height": 760}, accept_downloads=True)
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=chromium_path(),
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1100, "height": 760},
+            accept_downloads=True,
+        )
         yield context
         context.close()
 
 
 def rgb(hex_color: str) -> str:
-    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgb({r}, {g}, {b})"
 
 
@@ -51,9 +56,12 @@ def answered(server, browser, tmp_path_factory):
     page.on("pageerror", lambda e: errors.append(str(e)))
     # Every request must stay on this server: the page works offline (no CDN).
     outside = []
-    page.route(re.compile(r"^(?!http://127\.0\.0\.1:%d/).*" % server[1]), lambda route: (outside.append(route.request.url), route.abort()))
+    page.route(
+        re.compile(r"^(?!http://127\.0\.0\.1:%d/).*" % server[1]),
+        lambda route: (outside.append(route.request.url), route.abort()),
+    )
     page.goto(server[0] + "/")
-    page.locator("#key-label").wait_for(state="visible")   # the server wants a key: the page asks for it
+    page.locator("#key-label").wait_for(state="visible")  # the server wants a key: the page asks for it
     page.fill("#api-key", KEY)
     page.dispatch_event("#api-key", "change")
     page.locator("#legend .entry").first.wait_for()
@@ -65,8 +73,10 @@ def answered(server, browser, tmp_path_factory):
     page.fill("#seed", "3")
     page.fill("#prompt", "Why is the sky blue?")
     page.click("#send")
-    page.wait_for_function("() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-                           timeout=120_000)
+    page.wait_for_function(
+        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+        timeout=120_000,
+    )
     counts = page.evaluate("window.tokenCounts")
     assert not errors and not outside
     yield page, counts
@@ -76,15 +86,18 @@ def test_tokens_stream_in_with_their_strategy_colour(answered):
     page, counts = answered
     tokens = page.locator(".msg.assistant .tok")
     assert tokens.count() == 10
-    assert len({c for c in counts if c}) > 1   # tokens appeared one by one, not all at the end
+    assert len({c for c in counts if c}) > 1  # tokens appeared one by one, not all at the end
     legend = page.locator("#legend .entry")
     legend_names = [legend.nth(i).get_attribute("data-strategy") for i in range(legend.count())]
     # The served card's strategies, as the terminal's legend lists them (it switches some off).
-    from entropix_mlx.config import resolve_config
+    from entropix_mlx.sampling.config import resolve_config
+
     enabled = set(resolve_config("smollm2-135m")[0].strategies) | {"adaptive"}
     assert legend_names == [s for s in ["argmax", "think", "branch", "resample", "adaptive"] if s in enabled]
     assert "argmax" in legend_names and "adaptive" in legend_names
-    info = page.evaluate("fetch('/v1/entropix/info', {headers: {Authorization: 'Bearer %s'}}).then(r => r.json())" % KEY)
+    info = page.evaluate(
+        f"fetch('/v1/entropix/info', {{headers: {{Authorization: 'Bearer {KEY}'}}}}).then(r => r.json())"
+    )
     for i in range(tokens.count()):
         strategy = tokens.nth(i).get_attribute("data-strategy")
         assert strategy in legend_names
@@ -100,14 +113,16 @@ def test_chart_shows_entropy_varentropy_and_thresholds(answered):
     for series in ("entropy", "varentropy"):
         points = chart.locator(f"polyline[data-series={series}]").get_attribute("points").split()
         assert len(points) == 10
-    drawn = {chart.locator("line[data-threshold]").nth(i).get_attribute("data-threshold")
-             for i in range(chart.locator("line[data-threshold]").count())}
+    drawn = {
+        chart.locator("line[data-threshold]").nth(i).get_attribute("data-threshold")
+        for i in range(chart.locator("line[data-threshold]").count())
+    }
     assert {"low_entropy", "medium_entropy", "high_entropy", "low_varentropy", "high_varentropy"} <= drawn
 
 
 def test_hover_shows_metrics_and_alternatives(answered, tmp_path):
     page, _ = answered
-    check_tooltip(page, page.locator(".msg.assistant .tok").first)   # the first token of a decision has alternatives
+    check_tooltip(page, page.locator(".msg.assistant .tok").first)  # the first token of a decision has alternatives
     shot = tmp_path / "server.png"
     page.screenshot(path=str(shot))
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -120,7 +135,7 @@ def test_export_is_a_self_contained_page(answered, browser, tmp_path):
     path = tmp_path / "answer.html"
     download.value.save_as(str(path))
     html = path.read_text()
-    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")   # nothing to fetch
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
     view = browser.new_page()
     view.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
     view.goto(path.as_uri())
@@ -133,19 +148,36 @@ def test_export_is_a_self_contained_page(answered, browser, tmp_path):
 
 def test_page_export_and_run_html_write_the_same_file(answered):
     from entropix_mlx.server.export import STATIC, export_html
+
     page, _ = answered
-    data = {"model": "m", "sampler": "entropix", "seed": 3, "summary": "s </script> <b>",
-            "messages": [{"role": "user", "content": "é <script>alert(1)</script>"}],
-            "tokens": [{"token": 1, "text": " a\n", "strategy": "argmax", "entropy": 0.25, "logprob": -0.5,
-                        "alternatives": [{"token": "<", "logprob": -1.5}]}],
-            "info": {"colors": {"argmax": "#98a84b"}, "thresholds": {"low_entropy": 0.5}}}
+    data = {
+        "model": "m",
+        "sampler": "entropix",
+        "seed": 3,
+        "summary": "s </script> <b>",
+        "messages": [{"role": "user", "content": "é <script>alert(1)</script>"}],
+        "tokens": [
+            {
+                "token": 1,
+                "text": " a\n",
+                "strategy": "argmax",
+                "entropy": 0.25,
+                "logprob": -0.5,
+                "alternatives": [{"token": "<", "logprob": -1.5}],
+            }
+        ],
+        "info": {"colors": {"argmax": "#98a84b"}, "thresholds": {"low_entropy": 0.5}},
+    }
     css, script = (STATIC / "style.css").read_text(), (STATIC / "view.js").read_text()
-    from_page = page.evaluate("([css, script, data]) => EntropixView.exportHtml(css, script, data)", [css, script, data])
+    from_page = page.evaluate(
+        "([css, script, data]) => EntropixView.exportHtml(css, script, data)", [css, script, data]
+    )
     assert from_page == export_html(data)
 
 
 def test_run_html_writes_the_same_kind_of_page(browser, tmp_path):
     from entropix_mlx.cli.app import main
+
     path = tmp_path / "run.html"
     with pytest.raises(SystemExit) as exit_:
         main(["run", "What is 2+2?", "--sampler", "greedy", "--max-tokens", "5", "--html", str(path), "--no-color"])
@@ -163,6 +195,7 @@ def test_run_html_writes_the_same_kind_of_page(browser, tmp_path):
 
 def test_run_html_refuses_a_missing_folder(tmp_path, capsys):
     from entropix_mlx.cli.app import main
+
     with pytest.raises(SystemExit) as exit_:
         main(["run", "Hi", "--html", str(tmp_path / "nope" / "a.html")])
     assert exit_.value.code == 2
@@ -175,13 +208,16 @@ def test_a_second_turn_reuses_the_cached_conversation(answered):
     page.fill("#max-tokens", "4")
     page.fill("#prompt", "And why is it red at sunset?")
     page.click("#send")
-    page.wait_for_function(f"() => document.querySelectorAll('.msg.assistant').length > {first} && "
-                           "/stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-                           timeout=120_000)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.msg.assistant').length > {first} && "
+        "/stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+        timeout=120_000,
+    )
+
     def counts(status):
         return tuple(map(int, re.search(r"prompt (\d+) \(cached (\d+)\)", status.inner_text()).groups()))
 
     first_prompt, _ = counts(page.locator(".msg.assistant .status").first)
     prompt, cached = counts(page.locator(".msg.assistant:last-child .status"))
-    assert first_prompt <= cached < prompt   # the first turn was not prefilled again
+    assert first_prompt <= cached < prompt  # the first turn was not prefilled again
     assert page.locator(".msg.assistant:last-child .tok").count() == 4

@@ -3,18 +3,20 @@ prompt-prefix cache, request validation. Tiny models only: milliseconds."""
 
 import mlx.core as mx
 import pytest
+from conftest import make_tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import make_tiny_model
-from entropix_mlx.cache import make_cache
-from entropix_mlx.sampler_registry import SAMPLER_NAMES
+from entropix_mlx.model.cache import make_cache
+from entropix_mlx.sampling.registry import SAMPLER_NAMES
 from entropix_mlx.server.prefix_cache import PrefixCache
 from entropix_mlx.server.schema import APIError, parse
 from entropix_mlx.server.stops import StopScanner
 
 
-@given(st.lists(st.text("ab\n", max_size=4), max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=3), max_size=3))
+@given(
+    st.lists(st.text("ab\n", max_size=4), max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=3), max_size=3)
+)
 def test_stop_scanner_sends_exactly_the_text_before_the_first_stop(pieces, stops):
     scanner, sent, hit = StopScanner(stops), "", False
     for piece in pieces:
@@ -52,9 +54,9 @@ def test_prefix_cache_gives_the_longest_common_prefix_and_leaves_the_entry_intac
     keys_before = [mx.array(c.keys[..., :6, :]) for c in pc._entries[0][1]]
     cache, n = pc.take([5, 6, 7, 20, 21])
     assert n == 3 and all(c.offset == 3 for c in cache)
-    model(mx.array([[20, 21]]), cache)   # the request writes past the shared prefix
+    model(mx.array([[20, 21]]), cache)  # the request writes past the shared prefix
     mx.eval([c.keys for c in cache])
-    for before, layer in zip(keys_before, pc._entries[0][1]):
+    for before, layer in zip(keys_before, pc._entries[0][1], strict=False):
         assert mx.array_equal(before, layer.keys[..., :6, :])
     # The same prompt again: all but one token (the next logits need one position to run).
     assert pc.take(a)[1] == len(a) - 1
@@ -65,16 +67,16 @@ def test_prefix_cache_is_bounded_and_drops_superseded_entries():
     model = make_tiny_model()
     pc = PrefixCache(max_entries=2, max_tokens=12)
     pc.put([1, 2, 3], fill(model, [1, 2, 3]))
-    pc.put([1, 2, 3, 4, 5], fill(model, [1, 2, 3, 4, 5]))   # a follow-up turn: replaces its prefix
+    pc.put([1, 2, 3, 4, 5], fill(model, [1, 2, 3, 4, 5]))  # a follow-up turn: replaces its prefix
     assert len(pc) == 1 and pc.tokens == 5
-    pc.put([1, 2], fill(model, [1, 2]))                       # already held: not stored twice
+    pc.put([1, 2], fill(model, [1, 2]))  # already held: not stored twice
     assert len(pc) == 1 and pc.tokens == 5
     pc.put([7, 8, 9], fill(model, [7, 8, 9]))
     pc.put([10, 11, 12, 13], fill(model, [10, 11, 12, 13]))  # three entries > 2: the oldest goes
     assert len(pc) == 2 and pc.take([1, 2, 3, 4, 5, 6])[1] == 0
-    pc.put([20] * 6, fill(model, [20] * 6))                   # 4 + 6 + 3 > 12 tokens: evict down to the bound
+    pc.put([20] * 6, fill(model, [20] * 6))  # 4 + 6 + 3 > 12 tokens: evict down to the bound
     assert pc.tokens <= 12 and pc.take([20] * 7)[1] == 6
-    pc.put(list(range(13)), fill(model, list(range(13))))     # alone over the bound: not kept
+    pc.put(list(range(13)), fill(model, list(range(13))))  # alone over the bound: not kept
     assert pc.take(list(range(14)))[1] == 0
 
 
@@ -89,14 +91,24 @@ def chat_body(**fields):
     return {"messages": [{"role": "user", "content": "Hi"}], **fields}
 
 
-@pytest.mark.parametrize("fields,param", [
-    ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
-    ({"temperature": 3}, "temperature"), ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"),
-    ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"n": 2}, "n"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stream_options": []}, "stream_options"),
-    ({"model": 3}, "model"), ({"messages": [{"role": "assistant", "content": "x"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
-])
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 1}, "min_p"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"n": 2}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stream_options": []}, "stream_options"),
+        ({"model": 3}, "model"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ],
+)
 def test_invalid_fields_are_named(fields, param):
     with pytest.raises(APIError) as e:
         parse(chat_body(**fields), True, SAMPLER_NAMES)
@@ -104,12 +116,40 @@ def test_invalid_fields_are_named(fields, param):
 
 
 def test_valid_requests_parse():
-    p = parse(chat_body(max_completion_tokens=5, max_tokens=9, stop="x", logprobs=True, top_logprobs=2,
-                        seed=3, stream=True, stream_options={"include_usage": True}, sampler="greedy",
-                        whatever={"ignored": True}), True, SAMPLER_NAMES)
-    assert (p.max_tokens, p.stop, p.top_logprobs, p.seed, p.sampler, p.include_usage) == (5, ["x"], 2, 3, "greedy", True)
-    parts = parse({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                                {"role": "user", "content": "Hi"}]}, True, SAMPLER_NAMES)
+    p = parse(
+        chat_body(
+            max_completion_tokens=5,
+            max_tokens=9,
+            stop="x",
+            logprobs=True,
+            top_logprobs=2,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            sampler="greedy",
+            whatever={"ignored": True},
+        ),
+        True,
+        SAMPLER_NAMES,
+    )
+    assert (p.max_tokens, p.stop, p.top_logprobs, p.seed, p.sampler, p.include_usage) == (
+        5,
+        ["x"],
+        2,
+        3,
+        "greedy",
+        True,
+    )
+    parts = parse(
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "user", "content": "Hi"},
+            ]
+        },
+        True,
+        SAMPLER_NAMES,
+    )
     assert parts.messages[0] == {"role": "system", "content": "ab"}
     completion = parse({"prompt": ["Once"], "logprobs": 2}, False, SAMPLER_NAMES)
     assert (completion.prompt, completion.logprobs, completion.top_logprobs) == ("Once", True, 2)
@@ -117,18 +157,22 @@ def test_valid_requests_parse():
 
 def run_cli(args, capsys):
     from entropix_mlx.cli.app import main
+
     with pytest.raises(SystemExit) as exit_:
         main(args)
     return exit_.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--port", "0"], "is not a port"),
-    (["--port", "70000"], "is not a port"),
-    (["--api-key", " "], "--api-key is empty"),
-    (["--batch-size", "0"], "--batch-size"),
-    (["--max-body", "10"], "--max-body"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--port", "0"], "is not a port"),
+        (["--port", "70000"], "is not a port"),
+        (["--api-key", " "], "--api-key is empty"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--max-body", "10"], "--max-body"),
+    ],
+)
 def test_serve_rejects_bad_options_in_one_line_before_loading(args, message, capsys):
     code, err = run_cli(["serve", *args], capsys)
     lines = [line for line in err.splitlines() if line.strip()]
@@ -137,12 +181,14 @@ def test_serve_rejects_bad_options_in_one_line_before_loading(args, message, cap
 
 def test_only_loopback_hosts_count_as_local():
     from entropix_mlx.cli.serve import _is_loopback
+
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.2") and not _is_loopback("example.com")
 
 
 def test_serve_says_in_one_line_when_the_port_is_taken(capsys):
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 import uvicorn
+from conftest import make_tiny_model, make_tiny_tokenizer
 from serving import free_port, get, request
 
-from conftest import make_tiny_model, make_tiny_tokenizer
 from entropix_mlx.server import Engine, PrefixCache
 from entropix_mlx.server.app import create_app
 
@@ -22,8 +22,9 @@ ORIGIN = "http://app.example"
 def tiny_server():
     engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, allow_origins=[ORIGIN]), host="127.0.0.1",
-                                           port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine, allow_origins=[ORIGIN]), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -35,8 +36,9 @@ def tiny_server():
 
 
 def stream(port, path, body) -> list[dict]:
-    status, data = request(port, "POST", path, json.dumps({**body, "stream": True}).encode(),
-                           {"Content-Type": "application/json"})
+    status, data = request(
+        port, "POST", path, json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
+    )
     assert status == 200
     events = [line[6:] for line in data.decode().split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -45,9 +47,13 @@ def stream(port, path, body) -> list[dict]:
 
 def test_cors_allows_only_the_given_origin(tiny_server):
     port, _ = tiny_server
-    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     import http.client
+
     for origin, allowed in ((ORIGIN, True), ("http://evil.example", False)):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("OPTIONS", "/v1/chat/completions", headers={**preflight, "Origin": origin})
@@ -79,19 +85,26 @@ def test_sixteen_simultaneous_streams_each_get_their_own_tokens(tiny_server):
 def test_a_request_whose_client_leaves_while_queued_is_never_run(tiny_server):
     port, engine = tiny_server
     before = get(port, "/health")[1]
-    long = json.dumps({"messages": [{"role": "user", "content": "long"}], "max_tokens": 400, "sampler": "greedy",
-                       "stream": True}).encode()
+    long = json.dumps(
+        {"messages": [{"role": "user", "content": "long"}], "max_tokens": 400, "sampler": "greedy", "stream": True}
+    ).encode()
     first = socket.create_connection(("127.0.0.1", port))
-    first.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  + f"Content-Length: {len(long)}\r\n\r\n".encode() + long)
-    first.recv(1)   # the first is running ...
+    first.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(long)}\r\n\r\n".encode()
+        + long
+    )
+    first.recv(1)  # the first is running ...
     second = socket.create_connection(("127.0.0.1", port))
-    second.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   + f"Content-Length: {len(long)}\r\n\r\n".encode() + long)
+    second.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(long)}\r\n\r\n".encode()
+        + long
+    )
     second.recv(1)  # ... the second has its headers: it is queued
     second.close()
     first.close()
-    deadline = time.monotonic() + 60   # a safety net, not a timing assertion
+    deadline = time.monotonic() + 60  # a safety net, not a timing assertion
     while get(port, "/health")[1]["cancelled"] < before["cancelled"] + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     after = get(port, "/health")[1]

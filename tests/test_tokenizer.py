@@ -4,12 +4,54 @@ SmolLM digit split, and what a typed control token does."""
 
 import pytest
 
-
 # Produced by an independent implementation (issue 2).
 REFERENCE_IDS = [
-    1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
-    19712, 8182, 2, 198, 1, 4093, 198, 14413, 1230, 314, 3227, 28, 216, 41, 30, 41, 355, 216, 41,
-    30, 33, 33, 47, 2, 198, 1, 520, 9531, 198,
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    14413,
+    1230,
+    314,
+    3227,
+    28,
+    216,
+    41,
+    30,
+    41,
+    355,
+    216,
+    41,
+    30,
+    33,
+    33,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
 ]
 
 TEXTS = [
@@ -34,7 +76,8 @@ def tokenizer(smollm):
 
 def test_chat_template_reference_ids(tokenizer):
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True)
+        [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True
+    )
     assert list(ids) == REFERENCE_IDS
 
 
@@ -144,12 +187,14 @@ def test_add_bos_and_eot_from_metadata():
     and both end ids stop generation."""
     import mlx.core as mx
 
-    tokenizer = tiny_gguf_tokenizer(**{
-        "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.ggml.eos_token_id": mx.array(0),
-        "tokenizer.ggml.eot_token_id": mx.array(2),
-        "tokenizer.chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}",
-    })
+    tokenizer = tiny_gguf_tokenizer(
+        **{
+            "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.eos_token_id": mx.array(0),
+            "tokenizer.ggml.eot_token_id": mx.array(2),
+            "tokenizer.chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}",
+        }
+    )
     assert tokenizer.encode("hi") == [1, 107, 108]
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == [1, 107, 108, 2]
     assert tokenizer.eos_token_ids == {0, 2}

@@ -40,18 +40,28 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..batch import Request, generate_batch
+from ..decode.engine import generate_batch
+from ..decode.rows import Request
 from ..errors import ConfigError
-from .runner import (EvalConfig, _digest, common_prefix, default_sampler_factory, item_seed, machine_description,
-                     open_store, sampler_settings)
+from .runner import (
+    EvalConfig,
+    common_prefix,
+    default_sampler_factory,
+    digest,
+    item_seed,
+    machine_description,
+    open_store,
+    sampler_settings,
+)
 from .stats import paired_comparison
 
-LOOP_ALERT = 12       # tokens: a back-to-back loop this long is a visible failure
-EARLY_TOKENS = 16     # an answer that ends before this many tokens ended too early for open text
+LOOP_ALERT = 12  # tokens: a back-to-back loop this long is a visible failure
+EARLY_TOKENS = 16  # an answer that ends before this many tokens ended too early for open text
 DEFAULT_OPEN_TOKENS = 64
 
 
 # -- metrics of one output --------------------------------------------------------
+
 
 def repeated_ngram_share(tokens: list[int], n: int = 4) -> float | None:
     """Share of the n-grams (one per start position) that occurred earlier in the
@@ -61,7 +71,7 @@ def repeated_ngram_share(tokens: list[int], n: int = 4) -> float | None:
         return None
     seen, repeated = set(), 0
     for i in range(total):
-        gram = tuple(tokens[i:i + n])
+        gram = tuple(tokens[i : i + n])
         repeated += gram in seen
         seen.add(gram)
     return repeated / total
@@ -69,7 +79,7 @@ def repeated_ngram_share(tokens: list[int], n: int = 4) -> float | None:
 
 def distinct_n(tokens: list[int], n: int = 2) -> float | None:
     """Distinct n-grams / n-grams; None when it has no n-gram."""
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else None
 
 
@@ -93,8 +103,9 @@ def longest_loop(tokens: list[int]) -> int:
     return best
 
 
-def text_metrics(tokens: list[int], logprobs: list[float], finish_reason: str,
-                 early_tokens: int = EARLY_TOKENS) -> dict:
+def text_metrics(
+    tokens: list[int], logprobs: list[float], finish_reason: str, early_tokens: int = EARLY_TOKENS
+) -> dict:
     return {
         "repeated_4gram_share": repeated_ngram_share(tokens, 4),
         "distinct_2": distinct_n(tokens, 2),
@@ -111,7 +122,7 @@ def sequence_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float
         return []
     inputs = mx.array([prompt + tokens[:-1]])
     logits, _ = model(inputs)
-    logits = logits[0, len(prompt) - 1:].astype(mx.float32)
+    logits = logits[0, len(prompt) - 1 :].astype(mx.float32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     chosen = mx.take_along_axis(logprobs, mx.array(tokens)[:, None], axis=-1)[:, 0]
     return chosen.tolist()
@@ -119,10 +130,11 @@ def sequence_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float
 
 # -- prompts ------------------------------------------------------------------------
 
+
 @dataclass
 class OpenPrompt:
-    index: int        # line's position among the prompts, its identity in results
-    question: str     # the prompt text (named as a task's question, for ResultStore)
+    index: int  # line's position among the prompts, its identity in results
+    question: str  # the prompt text (named as a task's question, for ResultStore)
 
 
 def builtin_prompts_path() -> Path:
@@ -148,6 +160,7 @@ def load_prompts(path) -> list[OpenPrompt]:
 
 # -- runner ---------------------------------------------------------------------------
 
+
 @dataclass
 class OpenConfig(EvalConfig):
     max_tokens: int = DEFAULT_OPEN_TOKENS
@@ -155,16 +168,23 @@ class OpenConfig(EvalConfig):
     tasks_name: str = "prompts"
 
 
-def run_open(model, tokenizer, prompts: list[OpenPrompt], config: OpenConfig, out_dir=None,
-             make_sampler: Callable | None = None, progress=None,
-             on_record: Callable[[dict], None] | None = None) -> dict:
+def run_open(
+    model,
+    tokenizer,
+    prompts: list[OpenPrompt],
+    config: OpenConfig,
+    out_dir=None,
+    make_sampler: Callable | None = None,
+    progress=None,
+    on_record: Callable[[dict], None] | None = None,
+) -> dict:
     """Every (sampler, seed) writes for every prompt; metrics per output, then
     `summarize_open`. Same resumable store and arguments as `run_eval`."""
-    from ..prompt import encode_chat
+    from ..decode.prompt import encode_chat
 
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     encoded = [encode_chat(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
-    prompt_of = {p.index: e for p, e in zip(prompts, encoded)}
+    prompt_of = {p.index: e for p, e in zip(prompts, encoded, strict=False)}
     runs = config.runs()
     identity = {
         "mode": "open",
@@ -181,17 +201,24 @@ def run_open(model, tokenizer, prompts: list[OpenPrompt], config: OpenConfig, ou
         if not todo:
             continue
         requests = [Request(prompt_of[p.index], item_seed(seed, p.index), config.max_tokens) for p in todo]
-        for i, result, seconds in generate_batch(model, tokenizer, requests, lambda name=name: make_sampler(name),
-                                                 config.batch_size, prefix=prefix):
+        for i, result, seconds in generate_batch(
+            model, tokenizer, requests, lambda name=name: make_sampler(name), config.batch_size, prefix=prefix
+        ):
             prompt = todo[i]
             logprobs = sequence_logprobs(model, prompt_of[prompt.index], result.tokens)
             record = {
-                "sampler": name, "seed": seed, "index": prompt.index, "question": prompt.question,
-                "prompt_sha256": _digest(prompt_of[prompt.index]),
-                "output": tokenizer.decode(result.tokens), "token_ids": result.tokens,
-                "tokens": len(result.tokens), "finish_reason": result.finish_reason,
+                "sampler": name,
+                "seed": seed,
+                "index": prompt.index,
+                "question": prompt.question,
+                "prompt_sha256": digest(prompt_of[prompt.index]),
+                "output": tokenizer.decode(result.tokens),
+                "token_ids": result.tokens,
+                "tokens": len(result.tokens),
+                "finish_reason": result.finish_reason,
                 "strategies": {s: result.strategies.count(s) for s in dict.fromkeys(result.strategies)},
-                "thinking_insertions": result.thinking_insertions, "seconds": round(seconds, 4),
+                "thinking_insertions": result.thinking_insertions,
+                "seconds": round(seconds, 4),
                 **text_metrics(result.tokens, logprobs, result.finish_reason, config.early_tokens),
             }
             store.add(record)

@@ -65,8 +65,8 @@ def plot(results: dict, path) -> None:
 
     names = list(results["samplers"])
     acc = [100 * results["samplers"][n]["accuracy"] for n in names]
-    lo = [a - 100 * results["samplers"][n]["ci95"][0] for a, n in zip(acc, names)]
-    hi = [100 * results["samplers"][n]["ci95"][1] - a for a, n in zip(acc, names)]
+    lo = [a - 100 * results["samplers"][n]["ci95"][0] for a, n in zip(acc, names, strict=False)]
+    hi = [100 * results["samplers"][n]["ci95"][1] - a for a, n in zip(acc, names, strict=False)]
     fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
     ax.bar(names, acc, yerr=[lo, hi], capsize=6, color="#4c72b0")
     ax.set_ylabel("accuracy (%) with 95% Wilson interval")
@@ -92,18 +92,20 @@ def open_table_rows(results: dict) -> list[dict]:
         rep = _num(None if share is None else 100 * share, ".1f")
         if s["seeds"] > 1 and s["repeated_4gram_share"] is not None:
             rep += f" sd {100 * s['repeated_4gram_share_std']:.1f}"
-        rows.append({
-            "sampler": name,
-            "rep-4 %": rep,
-            "distinct-2": _num(s["distinct_2"], ".3f"),
-            "loop max/mean": f"{s['longest_loop_max']} / {s['longest_loop_mean']:.1f}",
-            f"loops >= {results['loop_alert']}": f"{s['loops_at_least_alert']}/{s['outputs']}",
-            "mean logprob": _num(s["mean_logprob"], ".3f"),
-            f"early (< {results['early_tokens']})": f"{s['early_endings']}/{s['outputs']}",
-            "tokens": f"{s['mean_tokens']:.1f}",
-            "W/L/T rep-4 vs greedy": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
-            "p": format_p(vs["p_value"]) if vs else "",
-        })
+        rows.append(
+            {
+                "sampler": name,
+                "rep-4 %": rep,
+                "distinct-2": _num(s["distinct_2"], ".3f"),
+                "loop max/mean": f"{s['longest_loop_max']} / {s['longest_loop_mean']:.1f}",
+                f"loops >= {results['loop_alert']}": f"{s['loops_at_least_alert']}/{s['outputs']}",
+                "mean logprob": _num(s["mean_logprob"], ".3f"),
+                f"early (< {results['early_tokens']})": f"{s['early_endings']}/{s['outputs']}",
+                "tokens": f"{s['mean_tokens']:.1f}",
+                "W/L/T rep-4 vs greedy": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
+                "p": format_p(vs["p_value"]) if vs else "",
+            }
+        )
     return rows
 
 

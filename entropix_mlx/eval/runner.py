@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from ..batch import Request, generate_batch
+from ..decode.engine import generate_batch
+from ..decode.rows import Request
 from ..errors import ConfigError
 from .scoring import score
 from .stats import paired_comparison, wilson_interval
@@ -40,10 +41,10 @@ def common_prefix(prompts: list[list[int]]) -> list[int]:
     if not prompts:
         return []
     prefix = os.path.commonprefix(prompts)
-    return list(prefix[:min(len(p) for p in prompts) - 1])
+    return list(prefix[: min(len(p) for p in prompts) - 1])
 
 
-def _digest(tokens: list[int]) -> str:
+def digest(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
 
 
@@ -58,13 +59,13 @@ def sampler_settings(sampler) -> dict:
 class EvalConfig:
     samplers: list[str]
     seeds: int = 1
-    seed: int = 0                 # the first run seed; runs use seed, seed + 1, ...
+    seed: int = 0  # the first run seed; runs use seed, seed + 1, ...
     max_tokens: int = 32
     batch_size: int = 8
     model_name: str = "model"
     tasks_name: str = "tasks"
-    split: str = "all"            # which split the tasks are (a label: the caller filters with select_split)
-    cot: bool = False             # chain of thought: reasoning prompts, the answer read from the last line
+    split: str = "all"  # which split the tasks are (a label: the caller filters with select_split)
+    cot: bool = False  # chain of thought: reasoning prompts, the answer read from the last line
 
     def runs(self) -> list[tuple[str, int]]:
         """(sampler, run seed) pairs. Greedy is deterministic: one run, and it
@@ -96,12 +97,16 @@ class ResultStore:
             if not isinstance(saved, dict):
                 raise ConfigError(f"{config_file} is not an eval config; use another --out directory")
             differ = [k.replace("_", " ") for k in identity if k != "samplers" and saved.get(k) != identity[k]]
-            differ += [f"settings of sampler '{n}'" for n, s in identity["samplers"].items()
-                       if n in saved.get("samplers", {}) and saved["samplers"][n] != s]
+            differ += [
+                f"settings of sampler '{n}'"
+                for n, s in identity["samplers"].items()
+                if n in saved.get("samplers", {}) and saved["samplers"][n] != s
+            ]
             if differ:
                 raise ConfigError(
                     f"{self.dir} holds results of a different eval ({', '.join(differ)} changed); "
-                    "use another --out directory, or delete it to start over")
+                    "use another --out directory, or delete it to start over"
+                )
             identity = {**identity, "samplers": {**saved.get("samplers", {}), **identity["samplers"]}}
         config_file.write_text(json.dumps(identity, indent=2) + "\n")
         items = self.dir / "items.jsonl"
@@ -111,7 +116,7 @@ class ResultStore:
                     r = json.loads(line)
                     self.records[(r["sampler"], r["seed"], r["index"])] = r
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    continue   # a line cut short by an interruption: that item runs again
+                    continue  # a line cut short by an interruption: that item runs again
             # Drop a partial last line so appended records start on a line of their own.
             text = items.read_text()
             if text and not text.endswith("\n"):
@@ -119,13 +124,14 @@ class ResultStore:
 
     def check_items(self, tasks: list[Task], prompts: list[list[int]]):
         """Saved records must be about the same items with the same prompts."""
-        by_index = {t.index: (t, _digest(p)) for t, p in zip(tasks, prompts)}
+        by_index = {t.index: (t, digest(p)) for t, p in zip(tasks, prompts, strict=False)}
         for r in self.records.values():
-            task, digest = by_index.get(r["index"], (None, None))
-            if task is not None and (r.get("question") != task.question or r.get("prompt_sha256") != digest):
+            task, prompt_digest = by_index.get(r["index"], (None, None))
+            if task is not None and (r.get("question") != task.question or r.get("prompt_sha256") != prompt_digest):
                 raise ConfigError(
                     f"{self.dir} holds results for other questions or prompts (item {r['index'] + 1} differs); "
-                    "use another --out directory, or delete it to start over")
+                    "use another --out directory, or delete it to start over"
+                )
 
     def add(self, record: dict):
         self.records[(record["sampler"], record["seed"], record["index"])] = record
@@ -141,10 +147,11 @@ class ResultStore:
 def default_sampler_factory(tokenizer, config: EvalConfig) -> Callable:
     """`make_sampler(name)` with the model's card, metrics off for baselines, and
     greedy's log-probabilities too: the records never hold them."""
-    from ..sampler_registry import make_sampler
+    from ..sampling.registry import make_sampler
 
-    return lambda name: make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False,
-                                     logprobs=False)
+    return lambda name: make_sampler(
+        name, tokenizer=tokenizer, model_name=config.model_name, metrics=False, logprobs=False
+    )
 
 
 def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], runs, progress=None):
@@ -159,20 +166,27 @@ def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], r
     return store, total, done
 
 
-def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=None,
-             make_sampler: Callable | None = None, progress=None,
-             on_record: Callable[[dict], None] | None = None) -> dict:
+def run_eval(
+    model,
+    tokenizer,
+    tasks: list[Task],
+    config: EvalConfig,
+    out_dir=None,
+    make_sampler: Callable | None = None,
+    progress=None,
+    on_record: Callable[[dict], None] | None = None,
+) -> dict:
     """Run every (sampler, seed) over the tasks and summarize.
 
     `make_sampler(name)` builds one sampler (default: `samplers.make_sampler`
     with the model's card). `progress(done, total, description)` is called
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
-    from ..prompt import encode_chat
+    from ..decode.prompt import encode_chat
 
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
-    prompt_of = {t.index: p for t, p in zip(tasks, prompts)}
+    prompt_of = {t.index: p for t, p in zip(tasks, prompts, strict=False)}
     runs = config.runs()
     identity = {
         "model": config.model_name,
@@ -181,7 +195,7 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
         "split": config.split,
         "samplers": {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)},
     }
-    if config.cot:      # only when on: directories written before --cot existed still resume
+    if config.cot:  # only when on: directories written before --cot existed still resume
         identity["cot"] = True
     store, total, done = open_store(out_dir, identity, tasks, prompts, runs, progress)
     prefix = common_prefix(prompts)
@@ -192,26 +206,42 @@ def run_eval(model, tokenizer, tasks: list[Task], config: EvalConfig, out_dir=No
             continue
         requests = [Request(prompt_of[t.index], item_seed(seed, t.index), config.max_tokens) for t in todo]
         sampler = make_sampler(name)
-        if getattr(sampler, "deliberates", False):   # whole-answer branches, the answer read per candidate
-            from ..deliberate import eval_rows
+        if getattr(sampler, "deliberates", False):  # whole-answer branches, the answer read per candidate
+            from ..decode.deliberate import eval_rows
 
-            rows = eval_rows(model, tokenizer, requests, sampler.config,
-                             lambda i, text, todo=todo: score(text, todo[i], cot=config.cot)[0],
-                             config.batch_size, prefix)
+            rows = eval_rows(
+                model,
+                tokenizer,
+                requests,
+                sampler.config,
+                lambda i, text, todo=todo: score(text, todo[i], cot=config.cot)[0],
+                config.batch_size,
+                prefix,
+            )
         else:
-            rows = generate_batch(model, tokenizer, requests, lambda name=name: make_sampler(name),
-                                  config.batch_size, prefix=prefix)
+            rows = generate_batch(
+                model, tokenizer, requests, lambda name=name: make_sampler(name), config.batch_size, prefix=prefix
+            )
         for i, result, seconds in rows:
             task = todo[i]
             output = tokenizer.decode(result.tokens)
             extracted, correct = score(output, task, cot=config.cot)
             record = {
-                "sampler": name, "seed": seed, "index": task.index, "question": task.question,
-                "prompt_sha256": _digest(prompt_of[task.index]),
-                "expected": task.expected, "extracted": extracted, "correct": correct, "output": output,
-                "tokens": len(result.tokens), "strategies": dict(Counter(result.strategies)),
-                "thinking_insertions": result.thinking_insertions, "finish_reason": result.finish_reason,
-                "seconds": round(seconds, 4), **getattr(result, "extra", {}),
+                "sampler": name,
+                "seed": seed,
+                "index": task.index,
+                "question": task.question,
+                "prompt_sha256": digest(prompt_of[task.index]),
+                "expected": task.expected,
+                "extracted": extracted,
+                "correct": correct,
+                "output": output,
+                "tokens": len(result.tokens),
+                "strategies": dict(Counter(result.strategies)),
+                "thinking_insertions": result.thinking_insertions,
+                "finish_reason": result.finish_reason,
+                "seconds": round(seconds, 4),
+                **getattr(result, "extra", {}),
             }
             store.add(record)
             done += 1
@@ -241,9 +271,17 @@ def summarize(records: dict, tasks: list[Task], config: EvalConfig) -> dict:
         for seed, recs in runs:
             k, n = sum(r["correct"] for r in recs), len(recs)
             tokens, seconds = sum(r["tokens"] for r in recs), sum(r["seconds"] for r in recs)
-            run_stats.append({"seed": seed, "correct": k, "n": n, "accuracy": k / n,
-                              "ci95": list(wilson_interval(k, n)), "mean_tokens": tokens / n,
-                              "tokens_per_second": tokens / seconds if seconds else 0.0})
+            run_stats.append(
+                {
+                    "seed": seed,
+                    "correct": k,
+                    "n": n,
+                    "accuracy": k / n,
+                    "ci95": list(wilson_interval(k, n)),
+                    "mean_tokens": tokens / n,
+                    "tokens_per_second": tokens / seconds if seconds else 0.0,
+                }
+            )
         accuracies = [r["accuracy"] for r in run_stats]
         all_recs = [r for _, recs in runs for r in recs]
         strategies = Counter()
@@ -269,8 +307,9 @@ def summarize(records: dict, tasks: list[Task], config: EvalConfig) -> dict:
             if t.category is not None:
                 categories.setdefault(t.category, []).append(shares[t.index])
         if categories:
-            entry["categories"] = {c: {"n": len(v), "accuracy": statistics.fmean(v)}
-                                   for c, v in sorted(categories.items())}
+            entry["categories"] = {
+                c: {"n": len(v), "accuracy": statistics.fmean(v)} for c, v in sorted(categories.items())
+            }
         if name != "greedy":
             entry["vs_greedy"] = paired_comparison(shares, greedy_share)
         out[name] = entry

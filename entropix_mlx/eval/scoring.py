@@ -37,14 +37,43 @@ if TYPE_CHECKING:
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 _NUMBER = re.compile(
-    r"(?<![\w.])([-+\u2212]?)[$€£]?"                     # sign, currency
+    r"(?<![\w.])([-+\u2212]?)[$€£]?"  # sign, currency
     r"(\d+/\d+|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"  # fraction, 1,250.5, 42, .5
-    r"(?![\d/]|\.\d)")
-_WORDS = {w: i for i, w in enumerate(
-    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"])}
-_TENS = {w: 10 * i for i, w in enumerate(["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"], 2)}
+    r"(?![\d/]|\.\d)"
+)
+_WORDS = {
+    w: i
+    for i, w in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+        ]
+    )
+}
+_TENS = {
+    w: 10 * i for i, w in enumerate(["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"], 2)
+}
 _WORD_NUMBER = re.compile(
-    rf"\b(?:({'|'.join(_TENS)})(?:[- ]({'|'.join(list(_WORDS)[1:10])}))?|({'|'.join(_WORDS)}))\b", re.IGNORECASE)
+    rf"\b(?:({'|'.join(_TENS)})(?:[- ]({'|'.join(list(_WORDS)[1:10])}))?|({'|'.join(_WORDS)}))\b", re.IGNORECASE
+)
 _ANSWER_MARK = re.compile(r"answer\s*(?:is|:|=)", re.IGNORECASE)
 _COT_MARK = re.compile(r"\banswer\s*(?:is\s*:?|:|=)", re.IGNORECASE)
 
@@ -113,29 +142,29 @@ def _contains_words(haystack: str, needle: str) -> int:
     if not n:
         return -1
     for i in range(len(h) - len(n) + 1):
-        if h[i:i + len(n)] == n:
+        if h[i : i + len(n)] == n:
             return i
     return -1
 
 
-def _choice_letter(answer: str, choices: list[str]) -> str | None:
+def choice_letter(answer: str, choices: list[str]) -> str | None:
     """The letter an expected answer names: a letter in range, or a choice's text."""
     a = answer.strip().strip(".()")
-    if len(a) == 1 and a.upper() in LETTERS[:len(choices)]:
+    if len(a) == 1 and a.upper() in LETTERS[: len(choices)]:
         return a.upper()
     matches = [LETTERS[i] for i, c in enumerate(choices) if normalize(c) == normalize(answer)]
     return matches[0] if len(matches) == 1 else None
 
 
 def extract_choice(output: str, choices: list[str]) -> str | None:
-    valid = LETTERS[:len(choices)]
+    valid = LETTERS[: len(choices)]
     cls = f"[{valid}]"
     patterns = [
-        rf"answer\s*(?:is|:)?\s*\(?({cls})\)?(?![\w])",     # "the answer is B", "Answer: (B)"
-        rf"^\s*\(?({cls})(?:[.):]|\s*$)",                    # "B", "B.", "(B)", "B)" at the start
-        rf"\(({cls})\)|(?<![\w])({cls})\)",                  # "(B)" or "B)" anywhere
+        rf"answer\s*(?:is|:)?\s*\(?({cls})\)?(?![\w])",  # "the answer is B", "Answer: (B)"
+        rf"^\s*\(?({cls})(?:[.):]|\s*$)",  # "B", "B.", "(B)", "B)" at the start
+        rf"\(({cls})\)|(?<![\w])({cls})\)",  # "(B)" or "B)" anywhere
     ]
-    for flags, pattern in zip((re.IGNORECASE, 0, 0), patterns):
+    for flags, pattern in zip((re.IGNORECASE, 0, 0), patterns, strict=False):
         for m in re.finditer(pattern, output, flags):
             letter = next(g for g in m.groups() if g).upper()
             if letter in valid:
@@ -161,7 +190,7 @@ def cot_answer_line(output: str) -> str:
     for line in reversed(lines):
         marks = list(_COT_MARK.finditer(line))
         if marks:
-            return line[marks[-1].end():].strip()
+            return line[marks[-1].end() :].strip()
     return lines[-1] if lines else ""
 
 
@@ -172,7 +201,7 @@ def score(output: str, task: "Task", cot: bool = False) -> tuple[str | None, boo
     if cot:
         line = cot_answer_line(output)
         if kind == "number" and extract_number(line) is None:
-            line = output       # no number on the answer line: the whole output's last number
+            line = output  # no number on the answer line: the whole output's last number
         output = line
     if kind == "number":
         value = extract_number(output)

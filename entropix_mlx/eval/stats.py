@@ -12,7 +12,7 @@ and 0/1 values this is the exact McNemar test).
 import math
 from fractions import Fraction
 
-Z95 = 1.959963984540054   # the 97.5% quantile of the standard normal distribution
+Z95 = 1.959963984540054  # the 97.5% quantile of the standard normal distribution
 
 
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
@@ -38,7 +38,7 @@ def sign_test(wins: int, losses: int) -> float:
         return 1.0
     k = min(wins, losses)
     tail = sum(math.comb(n, i) for i in range(k + 1))
-    return min(1.0, float(Fraction(2 * tail, 2 ** n)))
+    return min(1.0, float(Fraction(2 * tail, 2**n)))
 
 
 def paired_comparison(sampler: dict[int, float], greedy: dict[int, float], higher_is_better: bool = True) -> dict:
@@ -49,5 +49,4 @@ def paired_comparison(sampler: dict[int, float], greedy: dict[int, float], highe
     sign = 1 if higher_is_better else -1
     wins = sum(sign * (sampler[i] - greedy[i]) > 0 for i in items)
     losses = sum(sign * (sampler[i] - greedy[i]) < 0 for i in items)
-    return {"wins": wins, "losses": losses, "ties": len(items) - wins - losses,
-            "p_value": sign_test(wins, losses)}
+    return {"wins": wins, "losses": losses, "ties": len(items) - wins - losses, "p_value": sign_test(wins, losses)}

@@ -21,20 +21,18 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError
-from .scoring import LETTERS, _choice_letter, parse_number
+from .scoring import LETTERS, choice_letter, parse_number
 
-PROMPT_VERSION = 1     # bump when the default prompts change: old results then do not resume
+PROMPT_VERSION = 1  # bump when the default prompts change: old results then do not resume
 NUMBER_PROMPT = "{question}\nAnswer with the number only."
 TEXT_PROMPT = "{question}\nAnswer in a few words."
 CHOICE_PROMPT = "{question}\n{choices}\nAnswer with the letter of the correct choice."
 # Chain of thought (eval --cot): reasoning first, the answer on a last line the scorer reads.
 COT_PROMPTS = {
-    "number": "{question}\nThink step by step. Then write the final answer on the last line as "
-              "\"Answer: <number>\".",
-    "text": "{question}\nThink step by step. Then write the final answer on the last line as "
-            "\"Answer: <answer>\".",
+    "number": '{question}\nThink step by step. Then write the final answer on the last line as "Answer: <number>".',
+    "text": '{question}\nThink step by step. Then write the final answer on the last line as "Answer: <answer>".',
     "choice": "{question}\n{choices}\nThink step by step. Then write the letter of the correct choice "
-              "on the last line as \"Answer: <letter>\".",
+    'on the last line as "Answer: <letter>".',
 }
 SPLITS = ("dev", "test")
 SPLIT_CHOICES = ("dev", "test", "all")
@@ -42,13 +40,13 @@ SPLIT_CHOICES = ("dev", "test", "all")
 
 @dataclass
 class Task:
-    index: int                    # position in the task file (0-based), the item's identity
+    index: int  # position in the task file (0-based), the item's identity
     question: str
-    answers: list[str]            # accepted answers; for choice items, the correct letter
+    answers: list[str]  # accepted answers; for choice items, the correct letter
     choices: list[str] | None = None
-    prompt: str | None = None     # template override: {question}, {choices}
-    split: str = "test"           # "dev" (tune on it) or "test" (report it); a file without splits is all test
-    category: str | None = None   # e.g. "negatives", "facts": for per-category breakdowns
+    prompt: str | None = None  # template override: {question}, {choices}
+    split: str = "test"  # "dev" (tune on it) or "test" (report it); a file without splits is all test
+    category: str | None = None  # e.g. "negatives", "facts": for per-category breakdowns
 
     @property
     def kind(self) -> str:
@@ -84,42 +82,49 @@ def _gsm8k(answer: str) -> str:
 
 def parse_task(data, index: int, where: str) -> Task:
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} is not a JSON object; each line needs {{\"question\": ..., \"answer\": ...}}")
+        raise ConfigError(f'{where} is not a JSON object; each line needs {{"question": ..., "answer": ...}}')
     question, answer = data.get("question"), data.get("answer")
     if not isinstance(question, str) or not question.strip():
-        raise ConfigError(f"{where} has no \"question\" text")
+        raise ConfigError(f'{where} has no "question" text')
     raw = answer if isinstance(answer, list) else [answer]
     if not raw or any(isinstance(a, bool) or not isinstance(a, (str, int, float)) for a in raw):
-        raise ConfigError(f"{where} needs an \"answer\": a string, a number, or a list of them")
+        raise ConfigError(f'{where} needs an "answer": a string, a number, or a list of them')
     answers = [_gsm8k(str(a)) for a in raw]
     if not all(answers):
         raise ConfigError(f"{where} has an empty answer")
     choices = data.get("choices")
     if choices is not None:
-        if (not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS)
-                or not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in choices)):
-            raise ConfigError(f"{where}: \"choices\" must be a list of 2 to {len(LETTERS)} strings")
+        if (
+            not isinstance(choices, list)
+            or not 2 <= len(choices) <= len(LETTERS)
+            or not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in choices)
+        ):
+            raise ConfigError(f'{where}: "choices" must be a list of 2 to {len(LETTERS)} strings')
         choices = [str(c) for c in choices]
-        letters = {_choice_letter(a, choices) for a in answers} - {None}
+        letters = {choice_letter(a, choices) for a in answers} - {None}
         if len(letters) != 1:
-            raise ConfigError(f"{where}: the answer {answer!r} is neither a choice letter "
-                              f"(A-{LETTERS[len(choices) - 1]}) nor the text of one choice")
+            raise ConfigError(
+                f"{where}: the answer {answer!r} is neither a choice letter "
+                f"(A-{LETTERS[len(choices) - 1]}) nor the text of one choice"
+            )
         answers = [letters.pop()]
     prompt = data.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str):
-            raise ConfigError(f"{where}: \"prompt\" must be a template string with {{question}}")
+            raise ConfigError(f'{where}: "prompt" must be a template string with {{question}}')
         try:
             prompt.format(question="", choices="")
         except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(f"{where}: the prompt template is invalid ({type(e).__name__}: {e}); "
-                              "it may use {question} and {choices}, and {{ }} for literal braces") from None
+            raise ConfigError(
+                f"{where}: the prompt template is invalid ({type(e).__name__}: {e}); "
+                "it may use {question} and {choices}, and {{ }} for literal braces"
+            ) from None
     split = data.get("split", "test")
     if split not in SPLITS:
-        raise ConfigError(f"{where}: \"split\" must be \"dev\" or \"test\", got {split!r}")
+        raise ConfigError(f'{where}: "split" must be "dev" or "test", got {split!r}')
     category = data.get("category")
     if category is not None and (not isinstance(category, str) or not category.strip()):
-        raise ConfigError(f"{where}: \"category\" must be a non-empty string")
+        raise ConfigError(f'{where}: "category" must be a non-empty string')
     return Task(index, question, answers, choices, prompt, split, category)
 
 
@@ -151,5 +156,5 @@ def load_tasks(path) -> list[Task]:
             raise ConfigError(f"{where} is not valid JSON ({e.msg} at column {e.colno})") from None
         tasks.append(parse_task(data, len(tasks), where))
     if not tasks:
-        raise ConfigError(f"task file {path} has no items; each line needs {{\"question\": ..., \"answer\": ...}}")
+        raise ConfigError(f'task file {path} has no items; each line needs {{"question": ..., "answer": ...}}')
     return tasks

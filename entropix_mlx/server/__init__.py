@@ -9,13 +9,25 @@ from .engine import Engine, Job
 from .prefix_cache import PrefixCache
 
 
-def serve(model, tokenizer, name: str, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          allow_origins: list[str] | None = None, max_body: int | None = None,
-          cache_entries: int = 8, cache_tokens: int = 32768, batch_size: int = 8, log_level: str = "info"):
+def serve(
+    model,
+    tokenizer,
+    name: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    allow_origins: list[str] | None = None,
+    max_body: int | None = None,
+    cache_entries: int = 8,
+    cache_tokens: int = 32768,
+    batch_size: int = 8,
+    log_level: str = "info",
+):
     """Start the server and block until it is stopped (Ctrl-C)."""
     import uvicorn
 
     from .app import MAX_BODY, create_app
+
     engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size)
     app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)

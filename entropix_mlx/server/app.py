@@ -23,17 +23,17 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..config import THRESHOLDS, resolve_config
+from ..decode.prompt import encode_chat, encode_raw
 from ..errors import ConfigError
-from ..prompt import encode_chat, encode_raw
-from ..sampler_registry import SAMPLER_NAMES, make_sampler
+from ..sampling.config import THRESHOLDS, resolve_config
+from ..sampling.registry import SAMPLER_NAMES, make_sampler
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse
 from .strategies import page_info
 
 STATIC = resources.files("entropix_mlx.server") / "static"
-MAX_BODY = 1_000_000     # bytes; a long chat history is far below this
+MAX_BODY = 1_000_000  # bytes; a long chat history is far below this
 NO_SAMPLING_PARAMETERS = ("greedy", "deliberate")
 
 
@@ -46,14 +46,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     the client sent a Content-Length), so an oversized upload is never buffered."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"the request body is {length} bytes; the limit is {limit}", None,
-                       code="request_too_large")
+        raise APIError(413, f"the request body is {length} bytes; the limit is {limit}", None, code="request_too_large")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", None,
-                           code="request_too_large")
+            raise APIError(413, f"the request body is over the limit of {limit} bytes", None, code="request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -71,8 +69,12 @@ class Server:
     def _check_model(self, model: str | None):
         # Only the served model: the field is a name to match, never something to load.
         if model is not None and model != self.engine.name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.engine.name}'",
-                           "model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model '{model}' does not exist; this server serves '{self.engine.name}'",
+                "model",
+                code="model_not_found",
+            )
 
     def _prepare(self, p, chat: bool) -> tuple[Job, list[str]]:
         """Runs in a worker thread of Starlette's pool (tokenizing takes time)."""
@@ -80,9 +82,8 @@ class Server:
         with engine.tokenizer_lock:
             try:
                 ids = encode_chat(engine.tokenizer, p.messages) if chat else encode_raw(engine.tokenizer, p.prompt)
-            except ValueError as e:   # transformers: no chat template
-                raise APIError(400, f"this model has no chat template ({e}); use /v1/completions",
-                               "messages") from None
+            except ValueError as e:  # transformers: no chat template
+                raise APIError(400, f"this model has no chat template ({e}); use /v1/completions", "messages") from None
             # Front-ends send temperature and the like on every request: samplers
             # that take none ignore them rather than refuse the request.
             overrides = {} if p.sampler in NO_SAMPLING_PARAMETERS else p.overrides
@@ -92,15 +93,20 @@ class Server:
                 raise config_error(str(e), p.overrides) from None
         room = engine.context - len(ids)
         if room <= 0:
-            raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context holds "
-                                f"{engine.context}; shorten it", "messages" if chat else "prompt",
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens but the model's context holds {engine.context}; shorten it",
+                "messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
         warnings, max_tokens = [], p.max_tokens
         if max_tokens is None:
             max_tokens = room
         elif max_tokens > room:
-            warnings.append(f"max_tokens {max_tokens} clamped to {room}: the prompt's {len(ids)} tokens "
-                            f"leave that much of the {engine.context}-token context")
+            warnings.append(
+                f"max_tokens {max_tokens} clamped to {room}: the prompt's {len(ids)} tokens "
+                f"leave that much of the {engine.context}-token context"
+            )
             max_tokens = room
         seed = p.seed if p.seed is not None else random_seed()
         return Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop), warnings
@@ -129,15 +135,18 @@ class Server:
         self.engine.submit(job)
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
-            return StreamingResponse(self._stream(job, answer, p), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+            return StreamingResponse(
+                self._stream(job, answer, p),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+            )
         try:
             await self._collect(request, job, answer)
         except APIError as e:
             return error_response(e)
         finally:
-            job.cancelled = True      # the job is over; if the client left, this stops it
-        if answer.finish_reason is None:    # the client disconnected; nobody reads this
+            job.cancelled = True  # the job is over; if the client left, this stops it
+        if answer.finish_reason is None:  # the client disconnected; nobody reads this
             return JSONResponse({}, status_code=499)
         return JSONResponse(answer.whole(p.logprobs), headers=headers)
 
@@ -147,7 +156,7 @@ class Server:
         while True:
             try:
                 return await asyncio.wait_for(job.events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if request is not None and await request.is_disconnected():
                     return None
 
@@ -200,8 +209,11 @@ class Server:
                 # character) travels with the token that completes it.
                 if text or answer.finish_reason is not None:
                     last = answer.finish_reason is not None
-                    yield sse(answer.chunk(text, records, entries if p.logprobs else None,
-                                           answer.finish_reason if last else None))
+                    yield sse(
+                        answer.chunk(
+                            text, records, entries if p.logprobs else None, answer.finish_reason if last else None
+                        )
+                    )
                     text, records, entries = "", [], []
             if p.include_usage and answer.finish_reason is not None:
                 yield sse(answer.usage_chunk())
@@ -210,22 +222,41 @@ class Server:
             job.cancelled = True
 
     async def models(self, request: Request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.engine.name, "object": "model", "created": int(time.time()), "owned_by": "entropix-mlx"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": self.engine.name, "object": "model", "created": int(time.time()), "owned_by": "entropix-mlx"}
+                ],
+            }
+        )
 
     async def health(self, request: Request):
-        return JSONResponse({"status": "ok", "model": self.engine.name, "busy": self.engine.busy,
-                             "waiting": self.engine.waiting, "served": self.engine.served,
-                             "cancelled": self.engine.cancelled,
-                             "prefix_cache": {"entries": len(self.engine.prefix_cache),
-                                              "tokens": self.engine.prefix_cache.tokens}})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.engine.name,
+                "busy": self.engine.busy,
+                "waiting": self.engine.waiting,
+                "served": self.engine.served,
+                "cancelled": self.engine.cancelled,
+                "prefix_cache": {"entries": len(self.engine.prefix_cache), "tokens": self.engine.prefix_cache.tokens},
+            }
+        )
 
     async def info(self, request: Request):
         """What the page needs: samplers, strategy colours, the card's thresholds."""
         cfg, source = resolve_config(self.engine.name)
-        return JSONResponse({"model": self.engine.name, "context": self.engine.context,
-                             "samplers": list(SAMPLER_NAMES), **page_info(SAMPLER_NAMES, cfg),
-                             "thresholds": {k: getattr(cfg, k) for k in THRESHOLDS}, "thresholds_from": source})
+        return JSONResponse(
+            {
+                "model": self.engine.name,
+                "context": self.engine.context,
+                "samplers": list(SAMPLER_NAMES),
+                **page_info(SAMPLER_NAMES, cfg),
+                "thresholds": {k: getattr(cfg, k) for k in THRESHOLDS},
+                "thresholds_from": source,
+            }
+        )
 
     async def page(self, request: Request):
         return FileResponse(str(STATIC / "index.html"))
@@ -243,15 +274,17 @@ class _Auth:
             header = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = header.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                e = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None,
-                             code="invalid_api_key")
+                e = APIError(
+                    401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None, code="invalid_api_key"
+                )
                 await error_response(e)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, api_key: str | None = None, allow_origins: list[str] | None = None,
-               max_body: int = MAX_BODY) -> Starlette:
+def create_app(
+    engine: Engine, api_key: str | None = None, allow_origins: list[str] | None = None, max_body: int = MAX_BODY
+) -> Starlette:
     server = Server(engine, api_key, max_body)
     routes = [
         Route("/", server.page),
@@ -263,11 +296,18 @@ def create_app(engine: Engine, api_key: str | None = None, allow_origins: list[s
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
     middleware = []
-    if allow_origins:   # off unless asked for: a page elsewhere must not drive a local model
-        middleware.append(Middleware(CORSMiddleware, allow_origins=allow_origins, allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type"]))
+    if allow_origins:  # off unless asked for: a page elsewhere must not drive a local model
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=allow_origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type"],
+            )
+        )
     if api_key:
         middleware.append(Middleware(_Auth, key=api_key))
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
@@ -275,10 +315,17 @@ def create_app(engine: Engine, api_key: str | None = None, allow_origins: list[s
 
     async def http_error(request, exc: HTTPException):
         # An unknown path or a wrong method: OpenAI's error object too, not Starlette's plain text.
-        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                       None, code="not_found" if exc.status_code == 404 else "method_not_allowed"))
+        return error_response(
+            APIError(
+                exc.status_code,
+                f"{request.method} {request.url.path}: {exc.detail}",
+                None,
+                code="not_found" if exc.status_code == 404 else "method_not_allowed",
+            )
+        )
 
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error})
+    app = Starlette(
+        routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
     app.state.server = server
     return app

@@ -21,10 +21,11 @@ from collections import deque
 
 import mlx.core as mx
 
-from ..batch import Request, _Group, _step, _streams, default_groups
-from ..cache import KVCache
+from ..decode.engine import _Group, _step, _streams, default_groups
+from ..decode.events import plain
+from ..decode.rows import Request
+from ..model.cache import KVCache
 from .recorder import Recorder
-from ..jsonable import plain
 from .responses import chat_logprob
 from .stops import StopScanner
 
@@ -33,13 +34,13 @@ class _Slot:
     def __init__(self, number: int, job, tokenizer, cache, cached: int):
         self.number, self.job = number, job
         self.sampler = Recorder(job.sampler, job.top_logprobs)
-        self.detokenizer = tokenizer.detokenizer     # a fresh copy per caller (mlx-lm)
+        self.detokenizer = tokenizer.detokenizer  # a fresh copy per caller (mlx-lm)
         self.scanner = StopScanner(job.stop)
         self.request = Request(job.ids, job.seed, job.max_tokens)
         self.cache, self.cached = cache, cached
         self.row = None
-        self.sent = 0          # tokens handed to the request so far
-        self.finish = None     # "stop" (stop string) or "cancelled", set before the row ends
+        self.sent = 0  # tokens handed to the request so far
+        self.finish = None  # "stop" (stop string) or "cancelled", set before the row ends
 
 
 class BatchRunner:
@@ -50,7 +51,7 @@ class BatchRunner:
         sizes = [batch_size // n + (g < batch_size % n) for g in range(n)]
         numbers = itertools.count()
         self.groups = []
-        for size, stream in zip(sizes, _streams(n)):
+        for size, stream in zip(sizes, _streams(n), strict=False):
             group = _Group([], stream)
             group.numbers, group.size, group.waiting = numbers, size, deque()
             group.keep_cache = self._keep_cache
@@ -78,7 +79,7 @@ class BatchRunner:
         for group in self.groups:
             pending, admitted = deque(), None
             group.free = []
-            while group.waiting and group.waiting[0].job.cancelled:   # its client left before it started
+            while group.waiting and group.waiting[0].job.cancelled:  # its client left before it started
                 self.slots.pop(group.waiting.popleft().number)
                 self.engine.cancelled += 1
             if group.waiting and len(group.rows) < group.size:
@@ -87,12 +88,19 @@ class BatchRunner:
                 group.free = [admitted.sampler]
             if not group.rows and not pending:
                 continue
-            done = _step(self.engine.model, group, self.eos, pending, admitted.cache if admitted else None,
-                         admitted.cached if admitted else 0)
+            done = _step(
+                self.engine.model,
+                group,
+                self.eos,
+                pending,
+                admitted.cache if admitted else None,
+                admitted.cached if admitted else 0,
+            )
             if admitted is not None:
                 admitted.row = next(r for r in group.rows if r.index == admitted.number)
-                self.engine.emit(admitted.job, "start", {"prompt_tokens": len(admitted.job.ids),
-                                                         "cached_tokens": admitted.cached})
+                self.engine.emit(
+                    admitted.job, "start", {"prompt_tokens": len(admitted.job.ids), "cached_tokens": admitted.cached}
+                )
             for row in group.rows:
                 self._send(self.slots[row.index])
             for row in done:
@@ -113,9 +121,16 @@ class BatchRunner:
             params, note, top = slot.sampler.pending.popleft() if slot.sampler.pending else ({}, "", [])
             slot.detokenizer.add_token(token)
             if slot.sent == job.max_tokens:
-                slot.detokenizer.finalize()   # the last token: flush held-back bytes
-            record = {"token": token, "text": slot.detokenizer.last_segment, "strategy": res.strategies[i],
-                      **res.metrics[i], **params, "logprob": res.logprobs[i], **({"note": note} if note else {})}
+                slot.detokenizer.finalize()  # the last token: flush held-back bytes
+            record = {
+                "token": token,
+                "text": slot.detokenizer.last_segment,
+                "strategy": res.strategies[i],
+                **res.metrics[i],
+                **params,
+                "logprob": res.logprobs[i],
+                **({"note": note} if note else {}),
+            }
             record = plain(record)
             entry = None
             if job.logprobs:
@@ -154,7 +169,7 @@ class BatchRunner:
         self.engine.prefix_cache.put(slot.job.ids + row.result.tokens, layers)
 
 
-class _Event:   # what chat_logprob reads from a token
+class _Event:  # what chat_logprob reads from a token
     def __init__(self, token, logprob):
         self.token, self.logprob = token, logprob
 
@@ -162,4 +177,4 @@ class _Event:   # what chat_logprob reads from a token
 def _flush(detokenizer) -> str:
     before = detokenizer.text
     detokenizer.finalize()
-    return detokenizer.text[len(before):]
+    return detokenizer.text[len(before) :]

@@ -20,8 +20,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..decode.generate import generate
 from ..errors import ContextOverflowError, EntropixError
-from ..generate import generate
 from .batched import BatchRunner
 from .prefix_cache import PrefixCache
 from .recorder import Recorder
@@ -31,12 +31,12 @@ from .stops import StopScanner
 
 @dataclass
 class Job:
-    ids: list[int]                 # prompt token ids, template applied
+    ids: list[int]  # prompt token ids, template applied
     sampler: object
     max_tokens: int
     seed: int
-    logprobs: bool = False         # an OpenAI logprobs entry per token
-    top_logprobs: int = 0          # alternatives per token (0: none computed)
+    logprobs: bool = False  # an OpenAI logprobs entry per token
+    top_logprobs: int = 0  # alternatives per token (0: none computed)
     stop: list[str] = field(default_factory=list)
     cancelled: bool = False
     # Filled by `submit`: where the worker's events go.
@@ -45,8 +45,7 @@ class Job:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None,
-                 batch_size: int = 8):
+    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None, batch_size: int = 8):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.batch_size = batch_size
         self._waiting: deque = deque()
@@ -59,8 +58,8 @@ class Engine:
         # the app encodes prompts and the worker decodes logprob tokens under this.
         self.tokenizer_lock = threading.Lock()
         self.busy = False
-        self.served = 0          # jobs run (to the end or stopped)
-        self.cancelled = 0       # jobs stopped early because their client went away
+        self.served = 0  # jobs run (to the end or stopped)
+        self.cancelled = 0  # jobs stopped early because their client went away
         self._thread.start()
 
     @property
@@ -92,11 +91,11 @@ class Engine:
                     waiting.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            if any(job is None for job in waiting):   # close()
+            if any(job is None for job in waiting):  # close()
                 return
             while waiting:
                 job = waiting[0]
-                if job.cancelled:          # its client left while it waited
+                if job.cancelled:  # its client left while it waited
                     waiting.popleft()
                     self.cancelled += 1
                     continue
@@ -115,9 +114,9 @@ class Engine:
                 continue
             try:
                 runner.step()
-            except ContextOverflowError as e:   # a branch rollout looked past the end of the context
+            except ContextOverflowError as e:  # a branch rollout looked past the end of the context
                 runner.fail(str(e))
-            except Exception as e:   # a bug: those requests fail, the server goes on
+            except Exception as e:  # a bug: those requests fail, the server goes on
                 runner.fail(f"internal error: {type(e).__name__}: {e}")
             self.busy = not runner.idle
 
@@ -125,9 +124,9 @@ class Engine:
         self.busy = True
         try:
             self._run(job)
-        except EntropixError as e:     # e.g. a config the sampler rejects mid-way
+        except EntropixError as e:  # e.g. a config the sampler rejects mid-way
             self.emit(job, "error", str(e))
-        except Exception as e:         # a bug: report it to this client, keep serving the others
+        except Exception as e:  # a bug: report it to this client, keep serving the others
             self.emit(job, "error", f"internal error: {type(e).__name__}: {e}")
         finally:
             self.busy = False
@@ -137,8 +136,9 @@ class Engine:
         """One request alone, through `generate` (for samplers that are not per step)."""
         cache, cached = self.prefix_cache.take(job.ids)
         sampler = Recorder(job.sampler, job.top_logprobs)
-        generation = generate(self.model, self.tokenizer, job.ids[cached:], sampler,
-                              max_tokens=job.max_tokens, seed=job.seed, cache=cache)
+        generation = generate(
+            self.model, self.tokenizer, job.ids[cached:], sampler, max_tokens=job.max_tokens, seed=job.seed, cache=cache
+        )
         self.emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
         scanner = StopScanner(job.stop)
         finish = None
@@ -159,14 +159,14 @@ class Engine:
                     finish = "cancelled"
                     self.cancelled += 1
                     break
-        except ContextOverflowError:    # a branch rollout looked past the end of the context
+        except ContextOverflowError:  # a branch rollout looked past the end of the context
             finish = "length"
         if finish is None:
             finish = {"eos": "stop"}.get(generation.finish_reason, "length")
         tail = scanner.flush() if finish != "stop" else ""
         # The cache now holds the prompt and (nearly) every answer token: keep it
         # for the next turn of this conversation.
-        if generation.cache is not None:   # None: a sampler that kept no cache of its own (deliberate)
+        if generation.cache is not None:  # None: a sampler that kept no cache of its own (deliberate)
             self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
         self.emit(job, "end", finish, tail, generation.summary())
 

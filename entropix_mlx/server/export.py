@@ -6,8 +6,8 @@ the tokens as JSON data, no network needed to open it."""
 import json
 from importlib import resources
 
-from ..config import THRESHOLDS, resolve_config
-from ..sampler_registry import SAMPLER_NAMES
+from ..sampling.config import THRESHOLDS, resolve_config
+from ..sampling.registry import SAMPLER_NAMES
 from .strategies import page_info
 
 STATIC = resources.files("entropix_mlx.server") / "static"
@@ -20,8 +20,11 @@ def info_for(model_name: str, sampler) -> dict:
         config, source = resolve_config(model_name)
     else:
         source = getattr(sampler, "config_source", "")
-    return {**page_info(SAMPLER_NAMES, config), "thresholds": {k: getattr(config, k) for k in THRESHOLDS},
-            "thresholds_from": source}
+    return {
+        **page_info(SAMPLER_NAMES, config),
+        "thresholds": {k: getattr(config, k) for k in THRESHOLDS},
+        "thresholds_from": source,
+    }
 
 
 def export_html(data: dict) -> str:
@@ -33,11 +36,13 @@ def export_html(data: dict) -> str:
     # view.js writes its closing tags as <\/script> so it can be inlined; keep it that way.
     assert "</script" not in script.lower(), "view.js would end its own inline <script>"
     payload = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
-    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>entropix-mlx answer</title>\n<style>\n{css}</style>\n</head>\n<body class=\"export\">\n"
-            f"<main id=\"export\"></main>\n<script type=\"application/json\" id=\"entropix-data\">{payload}</script>\n"
-            f"<script>\n{script}</script>\n<script>EntropixView.renderExport(document.getElementById(\"export\"), "
-            "JSON.parse(document.getElementById(\"entropix-data\").textContent));</script>\n</body>\n</html>\n")
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<title>entropix-mlx answer</title>\n<style>\n{css}</style>\n</head>\n<body class="export">\n'
+        f'<main id="export"></main>\n<script type="application/json" id="entropix-data">{payload}</script>\n'
+        f'<script>\n{script}</script>\n<script>EntropixView.renderExport(document.getElementById("export"), '
+        'JSON.parse(document.getElementById("entropix-data").textContent));</script>\n</body>\n</html>\n'
+    )
 
 
 class AnswerRecorder:
@@ -50,6 +55,7 @@ class AnswerRecorder:
     def __init__(self, sampler, tokenizer):
         from .recorder import Recorder
         from .responses import record
+
         self._record = record
         self.sampler = Recorder(sampler, self.ALTERNATIVES)
         self.tokenizer = tokenizer
@@ -61,6 +67,14 @@ class AnswerRecorder:
         self.tokens.append({**self._record(event), "alternatives": alternatives})
 
     def html(self, model_name: str, seed: int, messages: list[dict], summary: str) -> str:
-        return export_html({"model": model_name, "sampler": self.sampler.name, "seed": seed,
-                            "messages": messages, "tokens": self.tokens, "summary": summary,
-                            "info": info_for(model_name, self.sampler.sampler)})
+        return export_html(
+            {
+                "model": model_name,
+                "sampler": self.sampler.name,
+                "seed": seed,
+                "messages": messages,
+                "tokens": self.tokens,
+                "summary": summary,
+                "info": info_for(model_name, self.sampler.sampler),
+            }
+        )

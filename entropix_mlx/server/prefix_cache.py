@@ -13,8 +13,8 @@ in all; the least recently used entries go first.
 
 from collections import OrderedDict
 
-from ..cache import fork_cache
-from ..chat import common_prefix_length
+from ..decode.chat import common_prefix_length
+from ..model.cache import fork_cache
 
 
 class PrefixCache:
@@ -22,7 +22,7 @@ class PrefixCache:
         self.max_entries, self.max_tokens = max_entries, max_tokens
         self._entries: OrderedDict[int, tuple[list[int], list]] = OrderedDict()
         self._next = 0
-        self._tokens = 0   # kept as a number: /health reads it from another thread
+        self._tokens = 0  # kept as a number: /health reads it from another thread
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,11 +62,10 @@ class PrefixCache:
             layer.trim(layer.offset - n)
         ids = list(ids[:n])
         for key, (cached, _) in self._entries.items():
-            if len(cached) >= n and cached[:n] == ids:   # already held (a request that added nothing)
+            if len(cached) >= n and cached[:n] == ids:  # already held (a request that added nothing)
                 self._entries.move_to_end(key)
                 return
-        for key in [k for k, (cached, _) in self._entries.items()
-                    if len(cached) <= n and ids[:len(cached)] == cached]:
+        for key in [k for k, (cached, _) in self._entries.items() if len(cached) <= n and ids[: len(cached)] == cached]:
             self._tokens -= len(self._entries.pop(key)[0])
         self._entries[self._next] = (ids, cache)
         self._next += 1

@@ -17,10 +17,10 @@ class Recorder:
 
     def __init__(self, sampler, k: int):
         self.sampler, self.k = sampler, k
-        self.pending: deque = deque()   # per chosen token: (params, note, top)
+        self.pending: deque = deque()  # per chosen token: (params, note, top)
 
-    def __getattr__(self, name):      # name, config, deliberates...: the wrapped sampler's
-        if name == "sampler":         # not set yet (a copy being made): no endless recursion
+    def __getattr__(self, name):  # name, config, deliberates...: the wrapped sampler's
+        if name == "sampler":  # not set yet (a copy being made): no endless recursion
             raise AttributeError(name)
         return getattr(self.sampler, name)
 
@@ -36,7 +36,7 @@ class Recorder:
             logprobs = logprobs - mx.logsumexp(logprobs)
             k = min(self.k, logprobs.shape[-1])
             ids = mx.argpartition(-logprobs, k - 1)[:k]
-            top = sorted(zip(ids.tolist(), logprobs[ids].tolist()), key=lambda p: -p[1])
-        for i, _ in enumerate(choice.tokens):   # alternatives only where the model chose
+            top = sorted(zip(ids.tolist(), logprobs[ids].tolist(), strict=False), key=lambda p: -p[1])
+        for i, _ in enumerate(choice.tokens):  # alternatives only where the model chose
             self.pending.append((choice.params, choice.note, top if i == 0 else []))
         return choice

@@ -8,7 +8,7 @@ JSON-safe: MLX scalars become numbers, NaN and infinities null.
 import time
 import uuid
 
-from ..jsonable import plain
+from ..decode.events import plain
 
 
 def record(event) -> dict:
@@ -41,9 +41,12 @@ class Answer:
 
     @property
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     def _logprobs_field(self, entries: list[dict]):
         if self.kind == "chat":
@@ -52,9 +55,12 @@ class Answer:
         for e in entries:
             offsets.append(at)
             at += len(e["token"])
-        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-                "text_offset": offsets}
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets,
+        }
 
     def _choice(self, text: str, records: list, logprobs: list | None, finish, delta: bool) -> dict:
         choice = {"index": 0}
@@ -71,8 +77,13 @@ class Answer:
 
     def _envelope(self, chunk: bool) -> dict:
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        out = {"id": self.id, "object": obj + (".chunk" if chunk and self.kind == "chat" else ""),
-               "created": self.created, "model": self.model, "system_fingerprint": f"entropix-seed-{self.seed}"}
+        out = {
+            "id": self.id,
+            "object": obj + (".chunk" if chunk and self.kind == "chat" else ""),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": f"entropix-seed-{self.seed}",
+        }
         return out
 
     def chunk(self, text: str, records: list, logprobs: list | None, finish=None) -> dict:
@@ -83,8 +94,15 @@ class Answer:
     def first_chunk(self) -> dict:
         """Chat streams open with the assistant's role, as OpenAI's do."""
         out = self._envelope(True)
-        out["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None, "entropix": []}]
+        out["choices"] = [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+                "entropix": [],
+            }
+        ]
         out["seed"], out["warnings"] = self.seed, self.warnings
         return out
 
@@ -95,7 +113,10 @@ class Answer:
 
     def whole(self, want_logprobs: bool) -> dict:
         out = self._envelope(False)
-        out["choices"] = [self._choice(self.text, self.records, self.logprobs if want_logprobs else None,
-                                       self.finish_reason, delta=False)]
+        out["choices"] = [
+            self._choice(
+                self.text, self.records, self.logprobs if want_logprobs else None, self.finish_reason, delta=False
+            )
+        ]
         out["usage"], out["seed"], out["warnings"] = self.usage, self.seed, self.warnings
         return out

@@ -9,13 +9,19 @@ import math
 import re
 from dataclasses import dataclass, field
 
-MAX_STOPS = 4              # OpenAI's limit
-MAX_TOP_LOGPROBS = 20      # OpenAI's limit for chat
+MAX_STOPS = 4  # OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
@@ -29,12 +35,12 @@ def bad(param: str, message: str) -> APIError:
 
 @dataclass
 class Params:
-    messages: list[dict] | None = None     # chat
-    prompt: str | None = None              # completions
+    messages: list[dict] | None = None  # chat
+    prompt: str | None = None  # completions
     sampler: str = "entropix"
     max_tokens: int | None = None
     seed: int | None = None
-    overrides: dict = field(default_factory=dict)   # temperature, top_p, top_k, min_p (None: unset)
+    overrides: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p (None: unset)
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0
@@ -108,7 +114,7 @@ def _messages(body) -> list[dict]:
         if not isinstance(m, dict):
             raise bad(f"messages[{i}]", "each message must be an object with 'role' and 'content'")
         role = m.get("role")
-        if role == "developer":      # OpenAI's newer name for the system role
+        if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
         if role not in ("system", "user", "assistant"):
             raise bad(f"messages[{i}].role", f"role must be system, user or assistant, got {role!r}")
@@ -155,7 +161,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
         raise bad("sampler", f"'sampler' must be one of {', '.join(sampler_names)}, got {sampler!r}")
     p.sampler = sampler
     n = _integer(body, "n", 1, 1)
-    del n   # only one choice per request; n = 1 is accepted for clients that always send it
+    del n  # only one choice per request; n = 1 is accepted for clients that always send it
     limit = _integer(body, "max_completion_tokens", 1)
     p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)
     p.seed = _integer(body, "seed", 0, 2**63 - 1)
@@ -172,7 +178,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
         if top and not p.logprobs:
             raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         p.top_logprobs = top or 0
-    else:   # completions: logprobs is the number of alternatives
+    else:  # completions: logprobs is the number of alternatives
         top = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
         p.logprobs, p.top_logprobs = top is not None, top or 0
     p.stream = _boolean(body, "stream")

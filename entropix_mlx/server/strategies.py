@@ -26,8 +26,10 @@ def page_info(sampler_names, entropix_config=None) -> dict:
     strategies the served card leaves on, as in the terminal)."""
     styles = {name: render.strategy_color(name) for name in list(render.STRATEGY_COLORS)}
     decorations = {name: [d for d in DECORATIONS if getattr(_style(s), d)] for name, s in styles.items()}
-    return {"colors": {name: css_color(s) for name, s in styles.items()},
-            "decorations": {name: d for name, d in decorations.items() if d},
-            "spare_colors": [css_color(c) for c in render.SPARE_COLORS],
-            "legends": {name: render.legend_strategies(name, entropix_config) for name in sampler_names},
-            "background": SVG_EXPORT_THEME.background_color.hex}
+    return {
+        "colors": {name: css_color(s) for name, s in styles.items()},
+        "decorations": {name: d for name, d in decorations.items() if d},
+        "spare_colors": [css_color(c) for c in render.SPARE_COLORS],
+        "legends": {name: render.legend_strategies(name, entropix_config) for name in sampler_names},
+        "background": SVG_EXPORT_THEME.background_color.hex,
+    }

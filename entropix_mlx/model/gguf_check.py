@@ -9,17 +9,45 @@ offset is bounds-checked here first; a bad file becomes a `ModelLoadError`.
 import struct
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 # GGUF metadata value types: id -> struct format of one scalar (strings/arrays apart).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
 _STRING, _ARRAY = 8, 9
+
+
 # Tensor types mx.load decodes: id -> (name, elements per block, bytes per block).
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
-_GGML_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-               15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
-               22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
-               30: "BF16"}
+
+
+_GGML_NAMES = {
+    6: "Q5_0",
+    7: "Q5_1",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    30: "BF16",
+}
 
 
 def _printable(raw: bytes) -> str:
@@ -77,8 +105,10 @@ def check_gguf(path: Path) -> None:
     with open(path, "rb") as f:
         r = _Reader(f, size, path)
         if r.read(4, "magic") != b"GGUF":
-            raise ModelLoadError(f"{path} is not a GGUF file (its first bytes are not 'GGUF'); "
-                                 "give a .gguf file, a model directory or a Hugging Face repo id")
+            raise ModelLoadError(
+                f"{path} is not a GGUF file (its first bytes are not 'GGUF'); "
+                "give a .gguf file, a model directory or a Hugging Face repo id"
+            )
         version = r.unpack("I", "version")
         if version not in (2, 3):
             raise ModelLoadError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
@@ -113,7 +143,8 @@ def check_gguf(path: Path) -> None:
             kind = _GGML_NAMES.get(ttype, f"type {ttype}")
             raise ModelLoadError(
                 f"{path}: tensor {name} is {kind}; entropix-mlx reads Q4_0, Q4_1, Q8_0, F16 and F32 "
-                "GGUF tensors only (convert the model to one of these)")
+                "GGUF tensors only (convert the model to one of these)"
+            )
         _, block, block_bytes = TENSOR_TYPES[ttype]
         count = 1
         for d in dims:

@@ -18,10 +18,14 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
+
+
 BRANCH_SELECTS = ("logprob", "confidence")
+
+
 BRANCH_ROLLOUTS = ("greedy", "scored")
 
 
@@ -72,7 +76,7 @@ class SamplerConfig:
     # span exceeds n (entropix.repeat_counts).
     adaptive_samples: int = 5
     adaptive_top_k_max: int = 100
-    adaptive_max_temperature: float = 1.5   # the reference has no cap (see entropix.py)
+    adaptive_max_temperature: float = 1.5  # the reference has no cap (see entropix.py)
     repetition_penalty: float = 2.0
     repetition_ngram: int = 3
 
@@ -138,6 +142,8 @@ class SamplerConfig:
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(SamplerConfig)}
+
+
 THRESHOLDS = ("low_entropy", "low_varentropy", "medium_entropy", "high_entropy", "high_varentropy", "think_varentropy")
 
 
@@ -155,6 +161,7 @@ def _number(name, value, integer=False):
 
 def validate(c: SamplerConfig) -> None:
     """Raise ConfigError naming the first invalid field."""
+
     def bad(name, rule):
         raise ConfigError(f"sampler setting '{name}' = {getattr(c, name)!r} is invalid: {rule}")
 
@@ -190,9 +197,9 @@ def validate(c: SamplerConfig) -> None:
     layers = c.attention_layers
     if isinstance(layers, str):
         if layers not in ("all", "last"):
-            bad("attention_layers", "must be \"all\", \"last\" or a list of layer indices")
+            bad("attention_layers", 'must be "all", "last" or a list of layer indices')
     elif not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
-        bad("attention_layers", "must be \"all\", \"last\" or a non-empty list of layer indices")
+        bad("attention_layers", 'must be "all", "last" or a non-empty list of layer indices')
     if c.argmax_margin < 0:
         bad("argmax_margin", "must be >= 0 (bits; 0 turns the rule off)")
     if c.adaptive_samples < 1:
@@ -228,8 +235,9 @@ def from_dict(data: dict, source: str = "config") -> SamplerConfig:
     keys are an error, so a typo does not go silently unused."""
     unknown = [k for k in data if k not in FIELD_TYPES]
     if unknown:
-        raise ConfigError(f"unknown sampler setting '{unknown[0]}' in {source}; "
-                          f"known settings: {', '.join(FIELD_TYPES)}")
+        raise ConfigError(
+            f"unknown sampler setting '{unknown[0]}' in {source}; known settings: {', '.join(FIELD_TYPES)}"
+        )
     values = dict(data)
     for name in ("strategies", "attention_layers"):
         if isinstance(values.get(name), list):
@@ -295,15 +303,16 @@ def resolve_config(model_name: str | None = None, config=None, **overrides) -> t
         cfg, source = SamplerConfig(), "preset reference"
     elif config == "calibrated":
         if card is None:
-            raise ConfigError(f"model '{model_name}' has no calibrated card; "
-                              f"run `entropix-mlx calibrate --model {model_name or 'MODEL'}` first")
+            raise ConfigError(
+                f"model '{model_name}' has no calibrated card; "
+                f"run `entropix-mlx calibrate --model {model_name or 'MODEL'}` first"
+            )
         cfg, source = card
     elif isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file():
         base = card[0] if card else SamplerConfig()
         cfg, source = load_toml(config, base), f"config file {config}"
     else:
-        raise ConfigError(f"unknown sampler config '{config}'; use a preset "
-                          f"({', '.join(PRESETS)}) or a .toml file")
+        raise ConfigError(f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if overrides:
         cfg = cfg.replace(**overrides)

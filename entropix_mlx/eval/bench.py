@@ -35,6 +35,7 @@ allocated while it ran: both models and all three caches are alive at once
 here, so the raw process peak would count the others too. Figures are medians
 over repeats.
 """
+
 import statistics
 import time
 from contextlib import contextmanager
@@ -43,14 +44,15 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .errors import ConfigError
-from .generate import generate
-from .metrics import step_metrics
-from .samplers import Step
-from .sampler_registry import make_sampler
+from ..decode.generate import generate
+from ..errors import ConfigError
+from ..sampling.registry import make_sampler
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
-CHUNK_TOKENS = 8    # tokens a run makes before the next one takes its turn
+
+
+CHUNK_TOKENS = 8  # tokens a run makes before the next one takes its turn
+
 
 # An open-ended passage: the bench continues it, so the Entropix sampler meets
 # both confident and uncertain steps (a repeated sentence would be all argmax).
@@ -117,10 +119,10 @@ class Run:
 
     def __init__(self, tokens, prompt_tokens: int, weights: int, own_cache, prefill_of, strategy_counts=None):
         self.tokens = iter(tokens)
-        self.prefill_of = prefill_of                # (the first item streamed) -> the engine's prefill seconds
-        self.prefill_time = None                    # those seconds, once the first item came
+        self.prefill_of = prefill_of  # (the first item streamed) -> the engine's prefill seconds
+        self.prefill_time = None  # those seconds, once the first item came
         self.prompt_tokens, self.weights = prompt_tokens, weights
-        self.own_cache = own_cache                  # () -> the run's KV cache, as it is now
+        self.own_cache = own_cache  # () -> the run's KV cache, as it is now
         self.strategy_counts = strategy_counts or dict
         self.generated = self.decode_steps = 0
         self.first_token_s = None
@@ -145,10 +147,10 @@ class Run:
             if self.prefill_time is None:
                 self.prefill_time = self.prefill_of(item)
         peak = mx.get_peak_memory()
-        synchronize()   # the work left in flight (the next token's) finishes inside this turn's time
+        synchronize()  # the work left in flight (the next token's) finishes inside this turn's time
         end = time.perf_counter()
         if stamps:
-            if self.first_token_s is None:   # the run's first token: prefill and first decision
+            if self.first_token_s is None:  # the run's first token: prefill and first decision
                 self.first_token_s = stamps[0] - start
                 self.decode_s += end - stamps[0]
                 self.decode_steps += len(stamps) - 1
@@ -177,15 +179,21 @@ def start_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> Run:
     cache = make_prompt_cache(model)
     # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
     stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, prompt_cache=cache)
-    return Run(stream, len(prompt), weights_bytes(model), lambda: cache,
-               lambda response: len(prompt) / response.prompt_tps)
+    return Run(
+        stream, len(prompt), weights_bytes(model), lambda: cache, lambda response: len(prompt) / response.prompt_tps
+    )
 
 
 def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> Run:
     generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
-    return Run(generation, len(prompt), weights_bytes(model), lambda: generation.cache,
-               lambda _: len(prompt) / generation.summary().prompt_tps,
-               lambda: generation.summary().strategy_counts)
+    return Run(
+        generation,
+        len(prompt),
+        weights_bytes(model),
+        lambda: generation.cache,
+        lambda _: len(prompt) / generation.summary().prompt_tps,
+        lambda: generation.summary().strategy_counts,
+    )
 
 
 def run_to_end(run: Run) -> RunResult:
@@ -211,7 +219,7 @@ def load_pair(ref: str | None, weights: str = "auto"):
     the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""
     from mlx_lm.models import llama
 
-    from .loading import load, load_gguf
+    from ..model.loading import load, load_gguf
 
     ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
@@ -219,7 +227,7 @@ def load_pair(ref: str | None, weights: str = "auto"):
     else:
         from mlx_lm.utils import load_model
 
-        from .loading import download
+        from ..model.loading import download
 
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)
@@ -244,7 +252,7 @@ def interleaved(runs: dict[str, Run], rounds_start: int = 0) -> None:
     names = list(runs)
     r = rounds_start
     while not all(run.done for run in runs.values()):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             if not runs[name].done:
                 runs[name].advance(CHUNK_TOKENS)
         r += 1
@@ -256,7 +264,7 @@ def median_result(results: list[RunResult]) -> dict:
         "first_token_s": statistics.median(r.first_token_s for r in results),
         "decode_tps": statistics.median(r.decode_tps for r in results),
         "peak_memory_gb": statistics.median(r.peak_memory_gb for r in results),
-        "tokens": min(r.gen_tokens for r in results),   # every run must have made gen_tokens
+        "tokens": min(r.gen_tokens for r in results),  # every run must have made gen_tokens
         "runs": len(results),
     }
     if results[0].strategy_counts:
@@ -276,15 +284,26 @@ def ratios(results: dict) -> dict:
     }
 
 
-def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen_tokens: int = 128,
-          repeats: int = 2, warmup: bool = True, progress=None) -> dict:
+def bench(
+    ours,
+    theirs,
+    tokenizer,
+    model_name: str,
+    prompt_tokens: int = 64,
+    gen_tokens: int = 128,
+    repeats: int = 2,
+    warmup: bool = True,
+    progress=None,
+) -> dict:
     """Run the three variants `repeats` times, interleaved; medians and ratios."""
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
     context = ours.args.max_position_embeddings
     if prompt_tokens + gen_tokens > context:
-        raise ConfigError(f"--prompt-tokens + --gen-tokens is {prompt_tokens + gen_tokens} but the model's "
-                          f"context holds {context}; ask for fewer tokens")
+        raise ConfigError(
+            f"--prompt-tokens + --gen-tokens is {prompt_tokens + gen_tokens} but the model's "
+            f"context holds {context}; ask for fewer tokens"
+        )
     samplers = make_samplers(tokenizer, model_name)
     prompt = bench_prompt(tokenizer, prompt_tokens)
     runs = {name: [] for name in VARIANTS}
@@ -294,14 +313,14 @@ def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen
             if progress:
                 progress("warm-up")
             short = prompt[: min(prompt_tokens, 16)]
-            interleaved({name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers)
-                         for name in VARIANTS})
+            interleaved({name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers) for name in VARIANTS})
         for r in range(repeats):
             if progress:
                 progress(f"run {r + 1}/{repeats} (the three variants take turns)")
             mx.clear_cache()
-            current = {name: start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers)
-                       for name in VARIANTS}
+            current = {
+                name: start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) for name in VARIANTS
+            }
             interleaved(current, rounds_start=r)
             for name, run in current.items():
                 runs[name].append(run.result())
@@ -319,93 +338,10 @@ def bench(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, gen
 def compute_paths(ours, theirs) -> dict:
     """What each side computes with: device, weight format, the BLAS its float
     matmuls call (quantized matmuls are MLX's own kernels, no BLAS)."""
-    from .backend import blas_name, describe, weights_format
+    from ..accel.blas import blas_name
+    from ..accel.weights import describe, weights_format
 
     theirs_text = describe(theirs)
     if weights_format(theirs).startswith("native"):
         theirs_text += " · MLX quantized matmul"
     return {"mlx_lm": theirs_text, "entropix": describe(ours), "blas": blas_name()}
-
-
-# -- where one decode step's time goes --------------------------------------------
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1e3
-
-
-def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, steps: int = 16,
-            seed: int = 0) -> dict:
-    """Time the parts of one Entropix decode step, each evaluated on its own
-    (MLX is lazy: a part's time is the time to build and evaluate it), over
-    `steps` steps after the prompt; medians and means in milliseconds.
-
-    - model: our forward pass for one token, logits and attention scores;
-    - metrics: the six metrics alone;
-    - candidates: the sampler's whole graph (metrics, every strategy's
-      parameters and candidate draws) minus the metrics;
-    - decision: the rest of `choose` on the host (the strategy table, the
-      candidate scores, and the extra forward passes of branch rollouts or a
-      thinking insertion on the steps that take them);
-    - mlx_lm_model: mlx-lm's forward pass plus its greedy pick, for comparison.
-    """
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .cache import make_cache
-    from .generate import prefill
-
-    sampler = make_sampler("entropix", tokenizer=tokenizer, model_name=model_name)
-    sampler.reset()
-    prompt = bench_prompt(tokenizer, prompt_tokens)
-    cache, their_cache = make_cache(ours), make_prompt_cache(theirs)
-    logits, scores = prefill(ours, prompt, cache)
-    theirs(mx.array([prompt]), cache=their_cache)
-    mx.eval(logits, scores, [c.state for c in their_cache])
-
-    parts = {"model": [], "metrics": [], "candidates": [], "decision": [], "mlx_lm_model": []}
-    key = mx.random.key(seed)
-    tokens: list[int] = []
-    strategies: dict[str, int] = {}
-    for _ in range(steps):
-        key, step_key = mx.random.split(key)
-        step = Step(logits[0, -1], [s[0] for s in scores], tokens, ours, cache)
-
-        t = time.perf_counter()
-        mx.eval(step_metrics(step.logits, step.scores, sampler.config.attention_layers))
-        metrics_ms = _ms(t)
-
-        t = time.perf_counter()
-        mx.eval(sampler.plan(step, step_key))
-        plan_ms = _ms(t)
-
-        t = time.perf_counter()
-        choice = sampler.choose(step, step_key)
-        choose_ms = _ms(t)
-        strategies[choice.strategy] = strategies.get(choice.strategy, 0) + 1
-        tokens.extend(choice.tokens)
-
-        if choice.advanced is not None:
-            # A rollout or an insertion already ran the model over its tokens
-            # (its cost is in "decision"); this step has no forward pass to time.
-            cache, logits, scores = choice.advanced
-        else:
-            t = time.perf_counter()
-            logits, scores = ours(mx.array([choice.tokens]), cache)
-            mx.eval(logits, scores)
-            parts["model"].append(_ms(t))
-
-        t = time.perf_counter()
-        their_logits = theirs(mx.array([choice.tokens]), cache=their_cache)
-        mx.eval(mx.argmax(their_logits[0, -1]))
-        if len(choice.tokens) == 1:
-            parts["mlx_lm_model"].append(_ms(t))
-
-        parts["metrics"].append(metrics_ms)
-        parts["candidates"].append(max(plan_ms - metrics_ms, 0.0))
-        parts["decision"].append(max(choose_ms - plan_ms, 0.0))
-
-    return {"model": model_name, "prompt_tokens": prompt_tokens, "steps": steps,
-            "strategy_counts": strategies,
-            "step_ms": {name: statistics.median(v) if v else 0.0 for name, v in parts.items()},
-            # Means show what the rare expensive steps (rollouts) add on average.
-            "step_ms_mean": {name: statistics.fmean(v) if v else 0.0 for name, v in parts.items()}}

@@ -27,20 +27,25 @@ import mlx.nn as nn
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 _LOG2E = 1.4426950408889634
-_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4    # ln 2 = hi + lo; n * hi is exact in float32
+
+
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32
+
+
 # 1.5 * 2**23: a float32 sum with it keeps no fraction, so (v + _ROUND) - _ROUND is v
 # rounded to an integer (|v| < 2**22). MLX's CPU `floor` is a libm call per element:
 # this makes the whole exp 1.5x faster (3.9 -> 2.6 ns an element).
 _ROUND = 12582912.0
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-             1.6666665459e-1, 5.0000001201e-1)
+
+
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 
 
 def exp(x: mx.array) -> mx.array:
     """e^x for float32 x: 0 below -87 (where float32 runs out of normal
     numbers), e^88 above 88 (no overflow to inf), NaN for NaN."""
     clipped = mx.clip(x, -87.0, 88.0)
-    n = (clipped * _LOG2E + _ROUND) - _ROUND   # the nearest integer, in two additions
+    n = (clipped * _LOG2E + _ROUND) - _ROUND  # the nearest integer, in two additions
     r = clipped - n * _LN2_HI - n * _LN2_LO
     p = _EXP_POLY[0]
     for c in _EXP_POLY[1:]:
@@ -66,19 +71,20 @@ def _logsumexp(x: mx.array) -> mx.array:
     top = x.max(axis=-1, keepdims=True)
     finite_top = mx.where(mx.isinf(top), 0.0, top)
     out = mx.log(exp(x - finite_top).sum(axis=-1, keepdims=True)) + finite_top
-    return mx.where(mx.isinf(top), top, out).squeeze(-1)     # all -inf: -inf; any +inf: inf
+    return mx.where(mx.isinf(top), top, out).squeeze(-1)  # all -inf: -inf; any +inf: inf
 
 
 @mx.compile
-def _rope_tables(offset: mx.array, inv_freq: mx.array, positions: mx.array, heads: mx.array,
-                 traditional: bool) -> tuple[mx.array, mx.array]:
-    positions = (offset.reshape(-1, 1) + positions).astype(mx.float32)                  # (B or 1, L)
-    theta = positions[..., None] * inv_freq                                             # (B or 1, L, dims/2)
+def _rope_tables(
+    offset: mx.array, inv_freq: mx.array, positions: mx.array, heads: mx.array, traditional: bool
+) -> tuple[mx.array, mx.array]:
+    positions = (offset.reshape(-1, 1) + positions).astype(mx.float32)  # (B or 1, L)
+    theta = positions[..., None] * inv_freq  # (B or 1, L, dims/2)
     cos, sin = mx.cos(theta), mx.sin(theta)
-    if traditional:   # rotated pairs are neighbours: (x0, x1), (x2, x3), ...
+    if traditional:  # rotated pairs are neighbours: (x0, x1), (x2, x3), ...
         cos2 = mx.stack([cos, cos], axis=-1).reshape(*cos.shape[:-1], -1)
         sin2 = mx.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1)
-    else:             # rotated pairs are (x_i, x_{i + dims/2})
+    else:  # rotated pairs are (x_i, x_{i + dims/2})
         cos2, sin2 = mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1)
     # Written out for every head: the rotation then reads contiguous arrays of x's shape.
     return cos2[:, None] * heads, sin2[:, None] * heads
@@ -101,8 +107,9 @@ def rope_tables(module, shape: tuple, offset):
     dims), made once and reused by every layer of a pass (their positions are the
     same): the angles and their sines were most of a RoPE call's kernels on the
     CPU. None where MLX's own kernel runs (see `rope`)."""
-    if not (mx.default_device() == mx.cpu and type(module) is nn.RoPE and module.dims == shape[-1]
-            and module.scale == 1.0):
+    if not (
+        mx.default_device() == mx.cpu and type(module) is nn.RoPE and module.dims == shape[-1] and module.scale == 1.0
+    ):
         return None
     inv_freq = _inverse_frequencies(module.dims, module.base)
     offset = offset.astype(mx.int32) if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)

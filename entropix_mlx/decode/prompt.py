@@ -5,6 +5,8 @@ import re
 
 # Private-use code points: no chat template trims or rewrites them.
 _OPEN, _CLOSE = "\ue000", "\ue001"
+
+
 _SENTINEL = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 
 
@@ -27,7 +29,7 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     rendered = tokenizer.apply_chat_template(stand_ins, tokenize=False, add_generation_prompt=add_generation_prompt)
     ids, last = [], 0
     for match in _SENTINEL.finditer(rendered):
-        ids += tokenizer.encode(rendered[last:match.start()], add_special_tokens=False)
+        ids += tokenizer.encode(rendered[last : match.start()], add_special_tokens=False)
         body = messages[int(match.group(1))]["content"]
         ids += tokenizer._tokenizer.encode(body, add_special_tokens=False, split_special_tokens=True)
         last = match.end()

@@ -3,17 +3,20 @@
 Kept apart from samplers.py (the protocol and the baselines) and entropix.py
 (the Entropix sampler), which therefore never import each other in a circle."""
 
+from ..errors import ConfigError
 from .config import resolve_config
 from .entropix import EntropixSampler
-from .errors import ConfigError
 from .samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
 
 BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
+
+
 SAMPLER_NAMES = ("entropix", *BASELINES, "deliberate")
 
 
-def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = None,
-                 config=None, **overrides) -> Sampler:
+def make_sampler(
+    name: str = "greedy", tokenizer=None, model_name: str | None = None, config=None, **overrides
+) -> Sampler:
     """Build a sampler by name.
 
     Baselines take `overrides` temperature, top_p, top_k, min_p and `metrics`
@@ -24,16 +27,16 @@ def make_sampler(name: str = "greedy", tokenizer=None, model_name: str | None = 
     resolve its thinking text. None values are ignored.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    logprobs = overrides.pop("logprobs", True)   # only greedy can do without: the others sample with them
-    if name == "deliberate":   # greedy branches: settings from [deliberate], overrides such as budget
-        from .deliberate import BranchSampler
+    logprobs = overrides.pop("logprobs", True)  # only greedy can do without: the others sample with them
+    if name == "deliberate":  # greedy branches: settings from [deliberate], overrides such as budget
+        from .branching import BranchSampler
         from .deliberate_config import resolve_deliberate
 
         overrides.pop("metrics", None)
         cfg, source = resolve_deliberate(model_name, config, **overrides)
         return BranchSampler(cfg, source=source)
     if name == "entropix":
-        overrides.pop("metrics", None)   # Entropix always needs its metrics
+        overrides.pop("metrics", None)  # Entropix always needs its metrics
         cfg, source = resolve_config(model_name, config, **overrides)
         return EntropixSampler(cfg, tokenizer, source)
     if name == "greedy":

@@ -18,8 +18,11 @@ import mlx.core as mx
 
 LOG2E = 1.0 / math.log(2.0)
 
+
 # Names as they appear in Choice.metrics, TokenEvent.to_dict() and JSON output.
 METRIC_NAMES = ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength")
+
+
 ATTENTION_METRICS = METRIC_NAMES[2:]
 
 
@@ -58,12 +61,12 @@ def attention_metrics(scores) -> dict[str, mx.array]:
     if isinstance(scores, (list, tuple)):
         scores = mx.stack(scores)
     scores = scores.astype(mx.float32)
-    visible = scores > -mx.inf                           # (layers, heads, keys)
+    visible = scores > -mx.inf  # (layers, heads, keys)
     n_visible = mx.maximum(visible[:, 0, :].sum(axis=-1), 1)  # (layers,) heads share one key mask
     logp = scores - mx.logsumexp(scores, axis=-1, keepdims=True)
     p = mx.where(visible, mx.exp(logp), 0.0)
     logp = logp * LOG2E
-    head_entropy = -mx.where(visible, p * logp, 0.0).sum(axis=-1)   # (layers, heads)
+    head_entropy = -mx.where(visible, p * logp, 0.0).sum(axis=-1)  # (layers, heads)
     mean_p = p.mean(axis=1, keepdims=True)
     disagreement = mx.where(visible, mx.abs(p - mean_p), 0.0).sum(axis=(1, 2)) / (n_visible * p.shape[1])
     strength = mx.where(visible, mx.abs(scores), 0.0).sum(axis=(1, 2)) / (n_visible * p.shape[1])
@@ -109,4 +112,4 @@ def metrics_to_floats(values: dict[str, mx.array]) -> dict[str, float]:
     """One host transfer for all metrics (after they were evaluated)."""
     names = list(values)
     floats = mx.stack([values[n] for n in names]).tolist() if names else []
-    return dict(zip(names, floats))
+    return dict(zip(names, floats, strict=False))

@@ -12,30 +12,30 @@ from typing import Any, Protocol
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from .cpu_math import logsumexp
+from ..accel.cpu_math import logsumexp
 
 
 @dataclass
 class Step:
-    logits: mx.array            # (vocab,) next-token logits
-    scores: list[mx.array]      # per layer, (heads, visible keys) pre-softmax attention scores
-    tokens: list[int]           # tokens generated so far in this answer
-    model: Any = None           # for samplers that roll out branches
-    cache: Any = None           # the KV cache after the last token (fork before writing)
+    logits: mx.array  # (vocab,) next-token logits
+    scores: list[mx.array]  # per layer, (heads, visible keys) pre-softmax attention scores
+    tokens: list[int]  # tokens generated so far in this answer
+    model: Any = None  # for samplers that roll out branches
+    cache: Any = None  # the KV cache after the last token (fork before writing)
 
 
 @dataclass
 class Choice:
     tokens: list[int]
     strategy: str
-    logprobs: list[float]                       # log p (nats) of each token under the model
+    logprobs: list[float]  # log p (nats) of each token under the model
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, float] = field(default_factory=dict)  # temperature, top_k, top_p, min_p
     # Set by samplers that already ran the model over `tokens` (branch rollouts):
     # (cache, logits, scores) after the last of them, so the loop need not redo it.
     advanced: tuple | None = None
-    inserted: bool = False      # the tokens are an inserted thinking text, not sampled
-    note: str = ""              # what the sampler had to repair, e.g. NaN logits ("" when nothing)
+    inserted: bool = False  # the tokens are an inserted thinking text, not sampled
+    note: str = ""  # what the sampler had to repair, e.g. NaN logits ("" when nothing)
     # Alternatives to this (one-token) choice, each to start a row of its own at
     # this position in batched generation: (token, logprob, metrics). See batch.py.
     spawn: list = field(default_factory=list)
@@ -63,7 +63,7 @@ class TwoPhaseSampler:
 
     def choose(self, step: Step, key: mx.array) -> Choice:
         plan = self.plan(step, key)
-        mx.eval(plan)   # the step's one host sync
+        mx.eval(plan)  # the step's one host sync
         return self.finish(step, plan)
 
 
@@ -82,23 +82,31 @@ def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> 
     two_phase = [plans_in_two_phases(s) for s in samplers]
     # Rows that only take the argmax (eval's greedy) share one stacked argmax:
     # a handful of ops for the batch instead of a handful per row.
-    argmax_rows = [i for i, (s, tp) in enumerate(zip(samplers, two_phase))
-                   if tp and isinstance(s, GreedySampler) and not s.logprobs]
-    if len(argmax_rows) < 2:   # one row plans on its own, as before
+    argmax_rows = [
+        i
+        for i, (s, tp) in enumerate(zip(samplers, two_phase, strict=False))
+        if tp and isinstance(s, GreedySampler) and not s.logprobs
+    ]
+    if len(argmax_rows) < 2:  # one row plans on its own, as before
         argmax_rows = []
     stacked = GreedySampler.plan_rows([steps[i] for i in argmax_rows]) if argmax_rows else None
-    plans = [s.plan(step, key) if tp and i not in argmax_rows else None
-             for i, (s, step, key, tp) in enumerate(zip(samplers, steps, keys, two_phase))]
+    plans = [
+        s.plan(step, key) if tp and i not in argmax_rows else None
+        for i, (s, step, key, tp) in enumerate(zip(samplers, steps, keys, two_phase, strict=False))
+    ]
     mx.eval([p for p in plans if p is not None], stacked)
     if stacked is not None:
-        for i, token, check in zip(argmax_rows, stacked["token"].tolist(), stacked["check"].tolist()):
+        for i, token, check in zip(argmax_rows, stacked["token"].tolist(), stacked["check"].tolist(), strict=False):
             plans[i] = {"token": token, "check": check}
-    return [s.finish(step, plan) if tp else s.choose(step, key)
-            for s, step, key, plan, tp in zip(samplers, steps, keys, plans, two_phase)]
+    return [
+        s.finish(step, plan) if tp else s.choose(step, key)
+        for s, step, key, plan, tp in zip(samplers, steps, keys, plans, two_phase, strict=False)
+    ]
 
 
-def filtered_logprobs(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
-                      top_p: float = 1.0, min_p: float = 0.0) -> mx.array:
+def filtered_logprobs(
+    logits: mx.array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> mx.array:
     """Log-probabilities after temperature, top-k, top-p and min-p; removed tokens
     get -inf. mlx-lm's helpers keep the most likely tokens (top-p sorts so that
     the cut keeps the head of the distribution, unlike the reference)."""
@@ -115,11 +123,10 @@ def filtered_logprobs(logits: mx.array, temperature: float = 1.0, top_k: int = 0
 
 
 # What `sanitize_logits` found, by code (evaluated with the step's one host sync).
-LOGIT_NOTES = ("", "NaN logits ignored", "+inf logits: sampled among them only",
-               "no finite logits: sampled uniformly")
+LOGIT_NOTES = ("", "NaN logits ignored", "+inf logits: sampled among them only", "no finite logits: sampled uniformly")
 
 
-@mx.compile   # a dozen element-wise passes over the vocabulary fused: 0.34 -> 0.19 ms a row on the CPU
+@mx.compile  # a dozen element-wise passes over the vocabulary fused: 0.34 -> 0.19 ms a row on the CPU
 def sanitize_logits(logits: mx.array) -> tuple[mx.array, mx.array]:
     """Logits every filter and metric can handle, and a code into LOGIT_NOTES.
 
@@ -158,7 +165,7 @@ def _plan(token: mx.array, logprob: mx.array, metrics: dict, code: mx.array) -> 
 def _finish(plan: dict) -> tuple[int, float, dict, str]:
     from .metrics import METRIC_NAMES
 
-    metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist())) if plan["metrics"] is not None else {}
+    metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist(), strict=False)) if plan["metrics"] is not None else {}
     return plan["token"].item(), plan["logprob"].item(), metrics, LOGIT_NOTES[plan["code"].item()]
 
 
@@ -195,11 +202,13 @@ class GreedySampler(TwoPhaseSampler):
             logits = steps[0].logits.astype(mx.float32)
             return {"token": mx.argmax(logits), "check": mx.stack([logits.max(), logits.sum()])}
         logits = mx.stack([step.logits for step in steps]).astype(mx.float32)
-        return {"token": mx.argmax(logits, axis=-1),
-                "check": mx.stack([logits.max(axis=-1), logits.sum(axis=-1)], axis=-1)}
+        return {
+            "token": mx.argmax(logits, axis=-1),
+            "check": mx.stack([logits.max(axis=-1), logits.sum(axis=-1)], axis=-1),
+        }
 
     def finish(self, step: Step, plan: dict) -> Choice:
-        if "check" in plan:   # argmax only; a stacked plan's row comes as Python numbers
+        if "check" in plan:  # argmax only; a stacked plan's row comes as Python numbers
             token, check, note = plan["token"], plan["check"], ""
             token = token.item() if isinstance(token, mx.array) else token
             check = check.tolist() if isinstance(check, mx.array) else check
@@ -219,8 +228,9 @@ class TemperatureSampler(TwoPhaseSampler):
 
     name = "temperature"
 
-    def __init__(self, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-                 metrics: bool = True):
+    def __init__(
+        self, temperature: float = 0.7, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, metrics: bool = True
+    ):
         _check_params(temperature, top_p, top_k, min_p)
         self.params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
         self.metrics = metrics
@@ -247,8 +257,9 @@ class TemperatureSampler(TwoPhaseSampler):
 class MinPSampler(TemperatureSampler):
     name = "min_p"
 
-    def __init__(self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0,
-                 metrics: bool = True):
+    def __init__(
+        self, temperature: float = 0.7, min_p: float = 0.1, top_p: float = 1.0, top_k: int = 0, metrics: bool = True
+    ):
         super().__init__(temperature, top_p=top_p, top_k=top_k, min_p=min_p, metrics=metrics)
 
 

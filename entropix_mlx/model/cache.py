@@ -10,7 +10,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.models.cache import KVCache as _MlxLmKVCache
 
-from .errors import ContextOverflowError
+from ..errors import ContextOverflowError
 
 
 class KVCache(_MlxLmKVCache):
@@ -56,7 +56,7 @@ class PromptCache(KVCache):
         self._check_room(keys.shape[2])
         if self.keys is None:
             self.keys, self.values = keys, values
-        else:   # it holds exactly `offset` positions (`after` cuts the prefix to them)
+        else:  # it holds exactly `offset` positions (`after` cuts the prefix to them)
             self.keys = mx.concatenate([self.keys, keys], axis=2)
             self.values = mx.concatenate([self.values, values], axis=2)
         self.offset += keys.shape[2]
@@ -124,8 +124,10 @@ class SharedPrefixCache:
         self.offset += keys.shape[2]
         prefix_shape = (self.n, *self.prefix_keys.shape[1:])
         k = mx.concatenate([mx.broadcast_to(self.prefix_keys, prefix_shape), self.keys[..., :end, :]], axis=2)
-        v = mx.concatenate([mx.broadcast_to(self.prefix_values, (self.n, *self.prefix_values.shape[1:])),
-                            self.values[..., :end, :]], axis=2)
+        v = mx.concatenate(
+            [mx.broadcast_to(self.prefix_values, (self.n, *self.prefix_values.shape[1:])), self.values[..., :end, :]],
+            axis=2,
+        )
         return k, v
 
     def make_mask(self, n_queries, **kwargs):
@@ -135,12 +137,12 @@ class SharedPrefixCache:
 
     def keep_row(self, i: int) -> None:
         """From now on only row i goes on (a branch decided early drops the others)."""
-        self.keys, self.values, self.n = self.keys[i:i + 1], self.values[i:i + 1], 1
+        self.keys, self.values, self.n = self.keys[i : i + 1], self.values[i : i + 1], 1
 
     def row(self, i: int):
         """The keys and values row i added, to append to the parent."""
         written = self.offset - self.start
-        return self.keys[i:i + 1, :, :written, :], self.values[i:i + 1, :, :written, :]
+        return self.keys[i : i + 1, :, :written, :], self.values[i : i + 1, :, :written, :]
 
 
 class RowsKVCache(BatchKVCache):
@@ -163,8 +165,8 @@ class RowsKVCache(BatchKVCache):
         start = self._idx - n
         if start < 0:
             raise ValueError(f"a cache of {n} positions does not fit a batch of {self._idx}")
-        self.keys[row:row + 1, :, start:self._idx, :] = other.keys[..., :n, :]
-        self.values[row:row + 1, :, start:self._idx, :] = other.values[..., :n, :]
+        self.keys[row : row + 1, :, start : self._idx, :] = other.keys[..., :n, :]
+        self.values[row : row + 1, :, start : self._idx, :] = other.values[..., :n, :]
         hit = mx.arange(self.left_padding.size) == row
         self.left_padding = mx.where(hit, start, self.left_padding)
         self.offset = mx.where(hit, n, self.offset)
@@ -195,13 +197,15 @@ class SharedPrefixBatchCache(RowsKVCache):
         self.prefix_len = prefix.offset
         self.prefix_keys = prefix.keys[..., : prefix.offset, :]
         self.prefix_values = prefix.values[..., : prefix.offset, :]
-        self.offset = self.offset + self.prefix_len   # RoPE positions continue after the prefix
+        self.offset = self.offset + self.prefix_len  # RoPE positions continue after the prefix
 
     def keys_and_values(self):
         keys, values = super().keys_and_values()
         rows = keys.shape[0]
-        return (mx.concatenate([mx.broadcast_to(self.prefix_keys, (rows, *self.prefix_keys.shape[1:])), keys], 2),
-                mx.concatenate([mx.broadcast_to(self.prefix_values, (rows, *self.prefix_values.shape[1:])), values], 2))
+        return (
+            mx.concatenate([mx.broadcast_to(self.prefix_keys, (rows, *self.prefix_keys.shape[1:])), keys], 2),
+            mx.concatenate([mx.broadcast_to(self.prefix_values, (rows, *self.prefix_values.shape[1:])), values], 2),
+        )
 
     def make_mask(self, n_queries: int, return_array: bool = False, **kwargs):
         p, end = self.prefix_len, self.prefix_len + self._idx + n_queries
@@ -220,12 +224,12 @@ class SharedPrefixBatchCache(RowsKVCache):
         merged = cls(prefix, [longest - n for n in lengths])
         if longest == 0:
             return merged
-        shape = lambda a: (len(caches), a.shape[1], longest, a.shape[3])   # noqa: E731
+        shape = lambda a: (len(caches), a.shape[1], longest, a.shape[3])  # noqa: E731
         merged.keys = mx.zeros(shape(caches[0].keys), caches[0].keys.dtype)
         merged.values = mx.zeros(shape(caches[0].values), caches[0].values.dtype)
-        for i, (n, c) in enumerate(zip(lengths, caches)):
-            merged.keys[i:i + 1, :, longest - n:] = c.keys[..., p:c.offset, :]
-            merged.values[i:i + 1, :, longest - n:] = c.values[..., p:c.offset, :]
+        for i, (n, c) in enumerate(zip(lengths, caches, strict=False)):
+            merged.keys[i : i + 1, :, longest - n :] = c.keys[..., p : c.offset, :]
+            merged.values[i : i + 1, :, longest - n :] = c.values[..., p : c.offset, :]
         merged.offset = merged.offset + longest
         merged._idx = longest
         return merged
@@ -244,4 +248,4 @@ def visible_columns(row_scores: mx.array, pad: int, prefix: int = 0) -> mx.array
     """One row's (heads, keys) attention scores without its padding columns."""
     if not prefix:
         return row_scores[..., pad:]
-    return mx.concatenate([row_scores[..., :prefix], row_scores[..., prefix + pad:]], axis=-1)
+    return mx.concatenate([row_scores[..., :prefix], row_scores[..., prefix + pad :]], axis=-1)

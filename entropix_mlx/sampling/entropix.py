@@ -61,72 +61,22 @@ few bits already pushes it past 2).
 """
 
 import math
-from collections import Counter
 
 import mlx.core as mx
 
+from ..model.cache import SharedPrefixCache
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
-from .cache import SharedPrefixCache
+from .repetition import first_repeat, path_repeats, repeat_counts
 from .samplers import LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
 
 NATS_TO_BITS = LOG2E
+
+
 # How many distinct tokens per step can carry a score bias (repetitions and
 # banned end-of-turn tokens): a fixed size keeps the compiled step graph's
 # shapes fixed. More repeated tokens than this: the most repeated ones.
 BIAS_SLOTS = 16
-
-
-def repeat_counts(history: list[int], n: int) -> Counter:
-    """For each token: its repetition units if it came next, the number of
-    earlier occurrences in `history` of the n-gram it would complete (the last
-    n - 1 tokens + it), plus, for the longest such repeat, one unit for every
-    token by which the repeated span is longer than n. So copying a phrase
-    costs more with every token copied: the k-th token of a second copy of a
-    phrase (k >= n) costs k - n + 1 units, and a loop cannot outlast the
-    penalty however likely the model finds it (a count alone charged one unit
-    per token of a second copy, which a confident model pays easily)."""
-    counts = Counter()
-    if n == 1:
-        counts.update(history)
-        return counts
-    if len(history) < n:
-        return counts
-    end = len(history)
-    tail = history[end - (n - 1):]
-    first = tail[0]
-    longest: dict[int, int] = {}
-    for i in range(end - n + 1):
-        if history[i] == first and history[i:i + n - 1] == tail:
-            t = history[i + n - 1]
-            counts[t] += 1
-            extra = 0                          # how much further back the match goes
-            while i - extra - 1 >= 0 and history[i - extra - 1] == history[end - n - extra]:
-                extra += 1
-            longest[t] = max(longest.get(t, 0), extra)
-    for t, extra in longest.items():
-        counts[t] += extra
-    return counts
-
-
-def _units_along(history: list[int], path: list[int], n: int):
-    """Each token's repetition units (`repeat_counts`) after history + the path before it."""
-    seq = list(history)
-    for t in path:
-        yield repeat_counts(seq, n).get(t, 0)
-        seq.append(t)
-
-
-def first_repeat(history: list[int], path: list[int], n: int) -> int:
-    """The index of the first token of `path` that has repetition units after
-    history + the path before it; len(path) when none has."""
-    return next((i for i, units in enumerate(_units_along(history, path, n)) if units), len(path))
-
-
-def path_repeats(history: list[int], path: list[int], n: int) -> int:
-    """Repetition units a path of tokens adds: the sum over its tokens of their
-    `repeat_counts` units after history + the path before them."""
-    return sum(_units_along(history, path, n))
 
 
 def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 0.0) -> str:
@@ -140,7 +90,8 @@ def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 
     only lose it."""
     enabled = c.strategies
     if (entropy < c.low_entropy and varentropy < c.low_varentropy) or (
-            c.argmax_margin > 0 and margin >= c.argmax_margin):
+        c.argmax_margin > 0 and margin >= c.argmax_margin
+    ):
         state = "argmax"
     elif entropy > c.medium_entropy and varentropy < c.think_varentropy:
         state = "think"
@@ -207,7 +158,7 @@ class EntropixSampler(TwoPhaseSampler):
 
     def __init__(self, config: SamplerConfig | None = None, tokenizer=None, source: str = "preset reference"):
         self.config = config or SamplerConfig()
-        self.config_source = source   # where the thresholds came from, for the CLI to print
+        self.config_source = source  # where the thresholds came from, for the CLI to print
         self.thinking_tokens: list[int] = []
         self.eos_tokens: list[int] = []
         self._compiled = None
@@ -237,7 +188,7 @@ class EntropixSampler(TwoPhaseSampler):
         if self._just_inserted:
             for t in self.eos_tokens:
                 values[t] = -math.inf
-        items = sorted(values.items(), key=lambda kv: kv[1])[:BIAS_SLOTS]   # bans first
+        items = sorted(values.items(), key=lambda kv: kv[1])[:BIAS_SLOTS]  # bans first
         ids = [t for t, _ in items] + [0] * (BIAS_SLOTS - len(items))
         vals = [v for _, v in items] + [0.0] * (BIAS_SLOTS - len(items))
         return mx.array(ids, dtype=mx.int32), mx.array(vals, dtype=mx.float32)
@@ -267,51 +218,80 @@ class EntropixSampler(TwoPhaseSampler):
             self._compiled = mx.compile(self._logits_plan)
         bias_ids, bias_vals = self.bias(step.tokens)
         metrics, params, idx, tokens, logprobs, kept, think_lp, note, margin, top_ids, top_lps = self._compiled(
-            step.logits, attention, key, bias_ids, bias_vals)
+            step.logits, attention, key, bias_ids, bias_vals
+        )
         c = self.config
-        sizes = {"argmax": 1, "think": 1, "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
-                 "resample": 1, "adaptive": c.adaptive_samples}
-        out = {"metrics": metrics, "params": params, "tokens": {}, "logprobs": {}, "kept": {},
-               "thinking_logprob": think_lp, "note": note, "margin": margin,
-               "top_ids": top_ids, "top_logprobs": top_lps}
+        sizes = {
+            "argmax": 1,
+            "think": 1,
+            "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
+            "resample": 1,
+            "adaptive": c.adaptive_samples,
+        }
+        out = {
+            "metrics": metrics,
+            "params": params,
+            "tokens": {},
+            "logprobs": {},
+            "kept": {},
+            "thinking_logprob": think_lp,
+            "note": note,
+            "margin": margin,
+            "top_ids": top_ids,
+            "top_logprobs": top_lps,
+        }
         start = 0
         for s, n in sizes.items():
             out["tokens"][s], out["logprobs"][s], out["kept"][s] = (
-                tokens[start:start + n], logprobs[start:start + n], kept[start:start + n])
+                tokens[start : start + n],
+                logprobs[start : start + n],
+                kept[start : start + n],
+            )
             start += n
         return out
 
-    def _logits_plan(self, logits: mx.array, attention: mx.array, key: mx.array,
-                     bias_ids: mx.array, bias_vals: mx.array):
+    def _logits_plan(
+        self, logits: mx.array, attention: mx.array, key: mx.array, bias_ids: mx.array, bias_vals: mx.array
+    ):
         c = self.config
         logits, note = sanitize_logits(logits)
         logprobs = logits - mx.logsumexp(logits)
-        H, V = logits_entropy(logits)        # the model's own distribution decides the strategy
+        H, V = logits_entropy(logits)  # the model's own distribution decides the strategy
         ae, av, ag, ist = attention[0], attention[1], attention[2], attention[3]
         T0, p0, k0, mp0 = c.temperature, c.top_p, c.top_k, c.min_p
 
         # Candidates come from the scored distribution (log p + bias, renormalized).
         scored = logprobs.at[bias_ids].add(bias_vals)
-        finite = mx.any(scored > -mx.inf)                  # never ban everything
+        finite = mx.any(scored > -mx.inf)  # never ban everything
         scored = mx.where(finite, scored, logprobs)
         scored = scored - mx.logsumexp(scored)
         pool = self._candidate_pool(logprobs.shape[-1])
         vals, ids = top_candidates(scored, pool)
         kmax = pool if k0 > 0 else 0
 
-        def as_k(x):   # a top-k computed from metrics, kept within the candidate pool
+        def as_k(x):  # a top-k computed from metrics, kept within the candidate pool
             return _clip(x, 1, pool).astype(mx.int32) if k0 > 0 else mx.array(0)
 
         params = {
             "think": (mx.minimum(1.5, T0 * (1.3 + 0.2 * ae)), mx.array(k0), mx.array(p0), mx.array(mp0)),
-            "branch": (mx.minimum(1.5, T0 * (1.2 + 0.3 * ist)),
-                       as_k(mx.maximum(5, mx.floor(k0 * (1 + 0.5 * (1 - ag))))), mx.array(p0), mx.array(mp0)),
-            "resample": (mx.maximum(2.0, T0 * (2.0 + 0.5 * av)), mx.array(k0),
-                         mx.maximum(0.5, p0 - 0.2 * ae), mx.array(mp0)),
-            "adaptive": (_clip(T0 * (1 + 0.3 * (H + V) + 0.2 * (ae + av) - 0.2 * ag), 0.05 * T0, c.adaptive_max_temperature),
-                         as_k(_clip(mx.round(k0 * (1 + 0.3 * ist - 0.2 * ag)), 1, min(kmax or pool, c.adaptive_top_k_max))),
-                         _clip(p0 * (1 + 0.1 * av), 0.1, 1.0),
-                         _clip(mp0 * (1 - 0.5 * (H + V)), 0.01, 0.5)),
+            "branch": (
+                mx.minimum(1.5, T0 * (1.2 + 0.3 * ist)),
+                as_k(mx.maximum(5, mx.floor(k0 * (1 + 0.5 * (1 - ag))))),
+                mx.array(p0),
+                mx.array(mp0),
+            ),
+            "resample": (
+                mx.maximum(2.0, T0 * (2.0 + 0.5 * av)),
+                mx.array(k0),
+                mx.maximum(0.5, p0 - 0.2 * ae),
+                mx.array(mp0),
+            ),
+            "adaptive": (
+                _clip(T0 * (1 + 0.3 * (H + V) + 0.2 * (ae + av) - 0.2 * ag), 0.05 * T0, c.adaptive_max_temperature),
+                as_k(_clip(mx.round(k0 * (1 + 0.3 * ist - 0.2 * ag)), 1, min(kmax or pool, c.adaptive_top_k_max))),
+                _clip(p0 * (1 + 0.1 * av), 0.1, 1.0),
+                _clip(mp0 * (1 - 0.5 * (H + V)), 0.01, 0.5),
+            ),
         }
         k_think, k_branch, k_resample, k_adaptive = mx.random.split(key, 4)
         w = {s: filter_sorted(vals, *p) for s, p in params.items()}
@@ -319,22 +299,39 @@ class EntropixSampler(TwoPhaseSampler):
         gumbel = w["branch"] + mx.random.gumbel(shape=w["branch"].shape, key=k_branch)
         branch_idx = mx.argsort(-gumbel)[: c.branch_candidates]
         # One independent key per adaptive candidate.
-        adaptive_idx = mx.stack([mx.random.categorical(w["adaptive"], key=k)
-                                 for k in mx.random.split(k_adaptive, c.adaptive_samples)])
-        picks = [mx.array([0]), mx.random.categorical(w["think"], key=k_think)[None], branch_idx,
-                 mx.random.categorical(w["resample"], key=k_resample)[None], adaptive_idx]
-        owner = ["think", "think", "branch", "resample", "adaptive"]   # whose filter a pick passed (argmax: any)
+        adaptive_idx = mx.stack(
+            [mx.random.categorical(w["adaptive"], key=k) for k in mx.random.split(k_adaptive, c.adaptive_samples)]
+        )
+        picks = [
+            mx.array([0]),
+            mx.random.categorical(w["think"], key=k_think)[None],
+            branch_idx,
+            mx.random.categorical(w["resample"], key=k_resample)[None],
+            adaptive_idx,
+        ]
+        owner = ["think", "think", "branch", "resample", "adaptive"]  # whose filter a pick passed (argmax: any)
         idx = mx.concatenate([p.astype(mx.int32) for p in picks])
-        kept = mx.concatenate([w[o][p] > -mx.inf for o, p in zip(owner, picks)])
+        kept = mx.concatenate([w[o][p] > -mx.inf for o, p in zip(owner, picks, strict=False)])
         metrics = mx.stack([H, V, ae, av, ag, ist])
         param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
         # log p of the thinking text's first token, in case it is inserted
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
         # bits between the best-scored token and the second (inf when only one is possible)
         margin = (vals[0] - vals[1]) * NATS_TO_BITS if vals.shape[0] > 1 else mx.array(mx.inf)
-        top = min(c.branch_candidates, pool)   # the most likely by score, for branch_select "confidence"
-        return (metrics, param_rows, idx, ids[idx], logprobs[ids[idx]], kept, think_lp, note, margin,
-                ids[:top], logprobs[ids[:top]])
+        top = min(c.branch_candidates, pool)  # the most likely by score, for branch_select "confidence"
+        return (
+            metrics,
+            param_rows,
+            idx,
+            ids[idx],
+            logprobs[ids[idx]],
+            kept,
+            think_lp,
+            note,
+            margin,
+            ids[:top],
+            logprobs[ids[:top]],
+        )
 
     # -- the decision -------------------------------------------------------------
 
@@ -343,9 +340,9 @@ class EntropixSampler(TwoPhaseSampler):
         row's plan at once): the strategy table, the candidate scores, and any
         rollout or insertion."""
         c = self.config
-        metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist()))
+        metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist(), strict=False))
         strategy = decide(metrics["entropy"], metrics["varentropy"], c, plan["margin"].item())
-        param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist()))
+        param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist(), strict=False))
         tokens = {s: v.tolist() for s, v in plan["tokens"].items()}
         logprobs = {s: v.tolist() for s, v in plan["logprobs"].items()}
 
@@ -357,10 +354,13 @@ class EntropixSampler(TwoPhaseSampler):
         inserted = False
         advanced = None
         if strategy == "argmax":
-            out, lps, params = tokens["argmax"], logprobs["argmax"], {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+            out, lps, params = (
+                tokens["argmax"],
+                logprobs["argmax"],
+                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
+            )
         elif strategy == "think":
-            if (self.thinking_tokens and not self._just_inserted
-                    and self.insertions < c.max_thinking_insertions):
+            if self.thinking_tokens and not self._just_inserted and self.insertions < c.max_thinking_insertions:
                 out, lps, advanced = self._insert_thinking(step, plan["thinking_logprob"].item())
                 params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}  # inserted, not sampled
                 inserted = True
@@ -368,11 +368,11 @@ class EntropixSampler(TwoPhaseSampler):
             else:
                 out, lps, params = tokens["think"], logprobs["think"], params_of("think")
         elif strategy == "branch":
-            if c.branch_select == "confidence":   # the most likely tokens, not drawn ones
-                cands = list(zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist()))
+            if c.branch_select == "confidence":  # the most likely tokens, not drawn ones
+                cands = list(zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist(), strict=False))
             else:
                 kept = plan["kept"]["branch"].tolist()
-                cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept) if k]
+                cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept, strict=False) if k]
             params = params_of("branch")
             if step.model is not None and step.cache is not None and len(cands) > 1:
                 out, lps, advanced = self._branch(step, cands)
@@ -381,12 +381,22 @@ class EntropixSampler(TwoPhaseSampler):
         elif strategy == "resample":
             out, lps, params = tokens["resample"], logprobs["resample"], params_of("resample")
         else:
-            best = max(range(len(tokens["adaptive"])),
-                       key=lambda i: self.adaptive_score(tokens["adaptive"][i], logprobs["adaptive"][i], step.tokens))
+            best = max(
+                range(len(tokens["adaptive"])),
+                key=lambda i: self.adaptive_score(tokens["adaptive"][i], logprobs["adaptive"][i], step.tokens),
+            )
             out, lps, params = [tokens["adaptive"][best]], [logprobs["adaptive"][best]], params_of("adaptive")
         self._just_inserted = inserted
-        return Choice(list(out), strategy, list(lps), metrics, params, advanced=advanced, inserted=inserted,
-                      note=LOGIT_NOTES[plan["note"].item()])
+        return Choice(
+            list(out),
+            strategy,
+            list(lps),
+            metrics,
+            params,
+            advanced=advanced,
+            inserted=inserted,
+            note=LOGIT_NOTES[plan["note"].item()],
+        )
 
     def adaptive_score(self, token: int, logprob: float, history: list[int]) -> float:
         """log2 p(token) minus repetition_penalty bits for every earlier
@@ -435,27 +445,31 @@ class EntropixSampler(TwoPhaseSampler):
         decide = self.config.branch_decide_tokens or depth
         confidence = self.config.branch_select == "confidence"
         scored = self.config.branch_rollout == "scored" and self.config.repetition_penalty > 0
-        synced = scored or (confidence and bool(self.eos_tokens))   # each row's tokens known on the host
+        synced = scored or (confidence and bool(self.eos_tokens))  # each row's tokens known on the host
         eos = set(self.eos_tokens)
         ended = [t in eos for t, _ in cands]
-        said = [list(step.tokens) + [t] for t, _ in cands]            # each row's answer so far (scored rollouts)
+        said = [list(step.tokens) + [t] for t, _ in cands]  # each row's answer so far (scored rollouts)
         path = [mx.array([t for t, _ in cands])]
-        path_lps = [mx.array([lp for _, lp in cands])]               # nats, (n,) per position
-        margins = []                                                 # top-1 - top-2 probability, (n,) per position
+        path_lps = [mx.array([lp for _, lp in cands])]  # nats, (n,) per position
+        margins = []  # top-1 - top-2 probability, (n,) per position
         rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
         for _ in range(depth - 1):
             if confidence and eos and all(ended):
                 break
-            if n > 1 and len(path) >= decide:   # decided: the other rows stop here
+            if n > 1 and len(path) >= decide:  # decided: the other rows stop here
                 best = self._rank_rows(path, path_lps, margins, step.tokens)[0]
-                path, path_lps, margins = ([a[best:best + 1] for a in arrays] for arrays in (path, path_lps, margins))
+                path, path_lps, margins = ([a[best : best + 1] for a in arrays] for arrays in (path, path_lps, margins))
                 said, ended, n = [said[best]], [ended[best]], 1
                 for shared in rollout:
                     shared.keep_row(best)
-            if n == 1 and synced and self.config.repetition_penalty and \
-                    first_repeat(step.tokens, said[0][len(step.tokens):], self.config.repetition_ngram) < len(path):
-                break   # the path is handed out only up to here: rolling on would be thrown away
-            logits, _ = step.model(path[-1][:, None], rollout)   # scores unused (never computed: lazy)
+            if (
+                n == 1
+                and synced
+                and self.config.repetition_penalty
+                and first_repeat(step.tokens, said[0][len(step.tokens) :], self.config.repetition_ngram) < len(path)
+            ):
+                break  # the path is handed out only up to here: rolling on would be thrown away
+            logits, _ = step.model(path[-1][:, None], rollout)  # scores unused (never computed: lazy)
             lp = logits[:, -1].astype(mx.float32)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
             nxt = mx.argmax(lp + self._rows_bias(said, lp.shape[-1]) if scored else lp, axis=-1)
@@ -464,10 +478,10 @@ class EntropixSampler(TwoPhaseSampler):
                 margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
             path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
             path.append(nxt)
-            if synced:   # one host sync per rollout step
+            if synced:  # one host sync per rollout step
                 chosen = nxt.tolist()
-                ended = [e or t in eos for e, t in zip(ended, chosen)]
-                for row, t in zip(said, chosen):
+                ended = [e or t in eos for e, t in zip(ended, chosen, strict=False)]
+                for row, t in zip(said, chosen, strict=False):
                     row.append(t)
         best, paths, lps, path = self._rank_rows(path, path_lps, margins, step.tokens)
         # The rollout continued greedily, unscored: accept it only up to its first token
@@ -477,13 +491,13 @@ class EntropixSampler(TwoPhaseSampler):
         if self.config.repetition_penalty:
             keep = max(1, first_repeat(step.tokens, paths[best], self.config.repetition_ngram))
         end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
-        if end is not None:   # the turn ends here: no state after it is needed
-            return paths[best][:end + 1], lps[best][:end + 1], None
-        for layer, shared in zip(step.cache, rollout if keep > 1 else ()):
+        if end is not None:  # the turn ends here: no state after it is needed
+            return paths[best][: end + 1], lps[best][: end + 1], None
+        for layer, shared in zip(step.cache, rollout if keep > 1 else (), strict=False):
             keys, values = shared.row(best)
-            layer.update_and_fetch(keys[..., :keep - 1, :], values[..., :keep - 1, :])
+            layer.update_and_fetch(keys[..., : keep - 1, :], values[..., : keep - 1, :])
         del rollout  # it references the prefix: appending to the cache while it lives would copy it
-        logits, scores = step.model(path[best:best + 1, keep - 1:keep], step.cache)
+        logits, scores = step.model(path[best : best + 1, keep - 1 : keep], step.cache)
         mx.eval(logits, scores)
         return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
 
@@ -507,8 +521,9 @@ class EntropixSampler(TwoPhaseSampler):
                 bias[i, mx.array(list(values), dtype=mx.int32)] = mx.array(list(values.values()), dtype=mx.float32)
         return bias
 
-    def _best_path(self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]],
-                   history: list[int]) -> int:
+    def _best_path(
+        self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]], history: list[int]
+    ) -> int:
         """The index of the path to accept. "logprob": the best `path_score`.
         "confidence": the fewest repetition units, then the highest mean
         top-1 - top-2 margin after the candidate (up to and including an end
@@ -523,14 +538,15 @@ class EntropixSampler(TwoPhaseSampler):
 
         def confidence(i):
             if ends[i] == 0 and paths[i][0] in self.eos_tokens:
-                return math.exp(lps[i][0])   # ending here: nothing follows, its own probability is its certainty
-            seen = margins[i][:ends[i]]
+                return math.exp(lps[i][0])  # ending here: nothing follows, its own probability is its certainty
+            seen = margins[i][: ends[i]]
             return sum(seen) / len(seen) if seen else 0.0
 
         def repeats(i):
             if not c.repetition_penalty:
                 return 0
-            return path_repeats(history, paths[i][:ends[i] + 1], c.repetition_ngram)
+            return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram)
 
-        return max(range(len(paths)),
-                   key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0)))
+        return max(
+            range(len(paths)), key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0))
+        )

@@ -7,54 +7,23 @@ raised inside the loop still leaves the counts of what was yielded).
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 
-from .cache import make_cache
-from .errors import ConfigError
-from .samplers import Sampler, Step
+from ..errors import ConfigError
+from ..model.cache import make_cache
+from ..sampling.samplers import Sampler, Step
+from .events import Summary, TokenEvent
 
 PREFILL_CHUNK = 2048
+
+
 # Prompts up to this many tokens run in one pass. Each pass reads every weight
 # once (0.54 GB at float32 for the bundled model), so for a short prompt the
 # split below (the body, then the last token alone) costs a second pass: on
 # the CPU backend that doubled the prefill time of an eval item or a chat turn.
 # Up to this length the pending last-row scores hold at most ~18 MB of queries.
 SINGLE_PASS_TOKENS = 256
-
-
-@dataclass
-class TokenEvent:
-    token: int
-    text: str               # the text this token completes (may be "" mid UTF-8 sequence)
-    strategy: str
-    logprob: float          # natural log of the model's probability of this token
-    metrics: dict = field(default_factory=dict)
-    params: dict = field(default_factory=dict)
-    note: str = ""          # what the sampler repaired (NaN logits...), "" when nothing
-
-    def to_dict(self) -> dict:
-        d = {"token": self.token, "text": self.text, "strategy": self.strategy,
-             **self.metrics, **self.params, "logprob": self.logprob}
-        if self.note:
-            d["note"] = self.note
-        return d
-
-
-@dataclass
-class Summary:
-    tokens: int
-    prompt_tokens: int
-    strategy_counts: dict
-    thinking_insertions: int
-    prompt_tps: float
-    generation_tps: float
-    peak_memory_gb: float
-    finish_reason: str      # "eos", "length", "interrupted", "running"; the CLI adds "context"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def prefill(model, tokens: list[int], cache):
@@ -71,22 +40,30 @@ def prefill(model, tokens: list[int], cache):
     if len(tokens) <= SINGLE_PASS_TOKENS:
         return model(mx.array([tokens]), cache, last_only=True)
     for start in range(0, len(tokens) - 1, PREFILL_CHUNK):
-        chunk = tokens[start:min(start + PREFILL_CHUNK, len(tokens) - 1)]
+        chunk = tokens[start : min(start + PREFILL_CHUNK, len(tokens) - 1)]
         model(mx.array([chunk]), cache, last_only=True)
         mx.eval([(c.keys, c.values) for c in cache])
     return model(mx.array([tokens[-1:]]), cache)
 
 
 class Generation:
-    def __init__(self, model, tokenizer, prompt_tokens: list[int], sampler: Sampler,
-                 max_tokens: int = 256, seed: int = 0, cache=None):
-        if len(prompt_tokens) == 0:   # the next token's logits need at least one position
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        prompt_tokens: list[int],
+        sampler: Sampler,
+        max_tokens: int = 256,
+        seed: int = 0,
+        cache=None,
+    ):
+        if len(prompt_tokens) == 0:  # the next token's logits need at least one position
             raise ConfigError("the prompt has no tokens; give some text")
         self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
         self.prompt_tokens = list(prompt_tokens)
         self.max_tokens, self.seed = max_tokens, seed
         self.cache = cache if cache is not None else make_cache(model)
-        self.tokens: list[int] = []       # every token of the answer, in order
+        self.tokens: list[int] = []  # every token of the answer, in order
         self.events: list[TokenEvent] = []
         self.finish_reason = "running"
         self.thinking_insertions = 0
@@ -94,7 +71,7 @@ class Generation:
         self._gen_start = None
 
     def __iter__(self):
-        if self.max_tokens <= 0:   # nothing asked for: no prefill either
+        if self.max_tokens <= 0:  # nothing asked for: no prefill either
             self.finish_reason = "length"
             return
         model, cache, eos = self.model, self.cache, self.tokenizer.eos_token_ids
@@ -129,7 +106,7 @@ class Generation:
                 else:
                     logits, scores = model(mx.array([tokens]), cache)
                 mx.async_eval(logits, scores)
-            for token, logprob in zip(tokens, choice.logprobs):
+            for token, logprob in zip(tokens, choice.logprobs, strict=False):
                 if token in eos:
                     self.finish_reason = "eos"
                     self._gen_time = time.perf_counter() - self._gen_start
@@ -138,8 +115,15 @@ class Generation:
                 self.tokens.append(token)
                 if len(self.tokens) == self.max_tokens:
                     detokenizer.finalize()  # the last token: flush held-back bytes
-                event = TokenEvent(token, detokenizer.last_segment, choice.strategy, logprob,
-                                   choice.metrics, choice.params, choice.note)
+                event = TokenEvent(
+                    token,
+                    detokenizer.last_segment,
+                    choice.strategy,
+                    logprob,
+                    choice.metrics,
+                    choice.params,
+                    choice.note,
+                )
                 self.events.append(event)
                 self._gen_time = time.perf_counter() - self._gen_start
                 yield event
@@ -166,8 +150,8 @@ class Generation:
 
 
 def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None) -> Generation:
-    if getattr(sampler, "deliberates", False):   # branches over whole answers: see deliberate.py
-        from .deliberate_stream import DeliberateGeneration
+    if getattr(sampler, "deliberates", False):  # branches over whole answers: see deliberate.py
+        from .deliberate import DeliberateGeneration
 
         return DeliberateGeneration(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)
     return Generation(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)

@@ -44,183 +44,25 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
-from .backend import gemm_uses_all_cores
-from .cache import (KVCache, PromptCache, RowsKVCache, SharedPrefixBatchCache, evaluate, fork_cache, make_cache,
-                    visible_columns, visible_key_mask)
-from .errors import ConfigError, ContextOverflowError
+
+from ..accel.weights import gemm_uses_all_cores
+from ..errors import ConfigError, ContextOverflowError
+from ..model.cache import (
+    PromptCache,
+    RowsKVCache,
+    SharedPrefixBatchCache,
+    evaluate,
+    fork_cache,
+    make_cache,
+    visible_key_mask,
+)
+from ..model.llama import Segment
+from ..sampling.samplers import Sampler, choose_together
 from .generate import SINGLE_PASS_TOKENS, prefill
-from .model import Segment
-from .samplers import Choice, Sampler, Step, choose_together
-
-
-@dataclass
-class Request:
-    prompt: list[int]           # token ids, chat template applied
-    seed: int = 0               # the row's key chain starts at mx.random.key(seed), as in `generate`
-    max_tokens: int = 256
-
-
-@dataclass
-class RowResult:
-    tokens: list[int] = field(default_factory=list)
-    strategies: list[str] = field(default_factory=list)    # per generated token
-    logprobs: list = field(default_factory=list)          # nats; None where the sampler could not know it
-    finish_reason: str = "running"                         # "eos" or "length" when done
-    thinking_insertions: int = 0
-    prompt_tokens: int = 0
-    metrics: list = field(default_factory=list)           # per generated token, the sampler's metrics dict
-    row: int = 0                                           # this row's number within the call
-    parent: int | None = None                              # spawned rows: the row they branched from
-    split: int | None = None                               # spawned rows: index of their first own token
-
-
-class _RowCache(Sequence):
-    """One row of a group's BatchKVCache as a list of batch-1 `KVCache`s, made on
-    first use (most steps never touch it). The keys are lazy slices: reading
-    them copies nothing, and writes go to new arrays, never to the batch."""
-
-    def __init__(self, batch_cache, row: int, pad: int, length: int, max_size: int):
-        self._args = batch_cache, row, pad, length, max_size
-        self._layers = None
-
-    def _materialize(self):
-        if self._layers is None:
-            batch_cache, row, pad, length, max_size = self._args
-            self._layers = []
-            for c in batch_cache:
-                layer = KVCache(max_size)
-                keys, values = c.keys_and_values()
-                p = getattr(c, "prefix_len", 0)     # a shared prefix sits before the padding
-                layer.keys = _visible_positions(keys[row:row + 1, :, :length], pad, p)
-                layer.values = _visible_positions(values[row:row + 1, :, :length], pad, p)
-                layer.offset = length - pad
-                self._layers.append(layer)
-        return self._layers
-
-    def __getitem__(self, i):
-        return self._materialize()[i]
-
-    def __len__(self):
-        return len(self._args[0])
-
-
-class _RowScores(Sequence):
-    """One row's per-layer attention scores (heads, visible keys), cut out of the
-    batch's scores when a sampler first reads a layer: greedy without metrics
-    never does, and cutting every row of every layer is 240 ops a step for 8
-    rows. The batch's scores are evaluated with the pass, so this holds no graph."""
-
-    def __init__(self, scores: list, row: int, pad: int, prefix: int):
-        self._scores, self._row, self._pad, self._prefix = scores, row, pad, prefix
-        self._cut = {}
-
-    def __getitem__(self, i: int):
-        i = range(len(self))[i]   # negative indices as a list's; IndexError past the end
-        if i not in self._cut:
-            self._cut[i] = visible_columns(self._scores[i][self._row], self._pad, self._prefix)
-        return self._cut[i]
-
-    def __len__(self):
-        return len(self._scores)
-
-
-def _visible_positions(x: mx.array, pad: int, prefix: int) -> mx.array:
-    """(1, heads, positions, dim) of one row without its padding positions."""
-    if not prefix:
-        return x[:, :, pad:]
-    return mx.concatenate([x[:, :, :prefix], x[:, :, prefix + pad:]], axis=2)
-
-
-class _Row:
-    def __init__(self, index: int, request: Request, sampler: Sampler, number: int = 0):
-        self.index, self.request, self.sampler = index, request, sampler
-        self.key = mx.random.key(request.seed)
-        self.queue: deque = deque()       # (token, logprob, strategy, metrics) chosen but not yet fed
-        self.result = RowResult(prompt_tokens=len(request.prompt), row=number)
-        self.logits = self.scores = None  # the row's view of its last forward pass
-        self.own_cache = None             # set when the row's state lives outside the batch
-        self.spawn: list = []             # (token, logprob, metrics) alternatives chosen this step
-        sampler.reset()
-
-    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "_Row":
-        """A row that takes `token` instead of this row's last decision, at the
-        same position. Its key chain is its own, fixed by the request's seed,
-        the position and the token (so it does not depend on the batch)."""
-        at = self.split_point
-        seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
-        row = _Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
-        res, mine = row.result, self.result
-        res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
-        res.strategies, res.metrics = mine.strategies[:at], mine.metrics[:at]
-        res.parent, res.split = mine.row, at
-        row._record(token, logprob, "branch", metrics)
-        if token in self.eos:
-            res.tokens.pop(), res.logprobs.pop(), res.strategies.pop(), res.metrics.pop()
-            res.finish_reason = "eos"
-        elif len(res.tokens) >= self.request.max_tokens:
-            res.finish_reason = "length"
-        return row
-
-    def _record(self, token, logprob, strategy, metrics=None):
-        self.result.tokens.append(token)
-        self.result.logprobs.append(logprob)
-        self.result.strategies.append(strategy)
-        self.result.metrics.append(metrics or {})
-
-    def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:
-        """The step and key of this row's next sampler decision; None while
-        tokens of an earlier decision are still queued."""
-        if self.queue:
-            return None
-        # The key chain of `generate`: one split per sampler decision.
-        self.key, step_key = mx.random.split(self.key)
-        return Step(self.logits, self.scores, self.result.tokens, model, row_cache), step_key
-
-    def step(self, eos: set, choice: Choice | None) -> int | None:
-        """Take `choice` (None: feed the queue). Returns the token to feed next;
-        None when the row has finished or has advanced itself (then `own_cache`
-        is set)."""
-        res, limit = self.result, self.request.max_tokens
-        self.spawn, self.eos = [], eos
-        if choice is not None:
-            res.thinking_insertions += bool(getattr(choice, "inserted", False))
-            tokens = choice.tokens[: limit - len(res.tokens)]
-            ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
-            if choice.advanced is None and len(tokens) == 1:
-                self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
-            if ends:   # the row's last tokens: recorded now, none of them needs a forward pass
-                for token, logprob in zip(tokens, choice.logprobs):
-                    if token in eos:
-                        res.finish_reason = "eos"
-                        return None
-                    self._record(token, logprob, choice.strategy, choice.metrics)
-                res.finish_reason = "length"
-                return None
-            if choice.advanced is not None:
-                for token, logprob in zip(tokens, choice.logprobs):
-                    self._record(token, logprob, choice.strategy, choice.metrics)
-                cache, logits, scores = choice.advanced
-                self.own_cache = list(cache)
-                self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
-                return None
-            self.queue.extend((t, lp, choice.strategy, choice.metrics) for t, lp in zip(tokens, choice.logprobs))
-        token, logprob, strategy, metrics = self.queue.popleft()
-        if token in eos:
-            res.finish_reason = "eos"
-            return None
-        self._record(token, logprob, strategy, metrics)
-        if len(res.tokens) >= limit:
-            res.finish_reason = "length"
-            return None
-        return token
-
-    @property
-    def finished(self) -> bool:
-        return self.result.finish_reason != "running"
+from .rows import Request, RowResult, _Row, _RowCache, _RowScores
 
 
 class _Group:
@@ -230,10 +72,10 @@ class _Group:
         self.free = list(samplers)
         self.stream = stream
         self.rows: list[_Row] = []
-        self.cache = None      # per layer, a BatchKVCache over self.rows
-        self.branch_sampler = branch_sampler   # makes the sampler of each spawned row
-        self.numbers = None    # shared counter of row numbers
-        self.arrivals = []     # (row, batch-1 cache): joiners to write into the slots they took
+        self.cache = None  # per layer, a BatchKVCache over self.rows
+        self.branch_sampler = branch_sampler  # makes the sampler of each spawned row
+        self.numbers = None  # shared counter of row numbers
+        self.arrivals = []  # (row, batch-1 cache): joiners to write into the slots they took
 
 
 def _joiner_cache(model, prefix_cache):
@@ -262,27 +104,28 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
     freed slots) join the batch, and spawned rows enter on a copy of their
     parent's batch row. Returns the rows that finished."""
     cache, context = group.cache, model.args.max_position_embeddings
-    for slot, joined in group.arrivals:   # the last pass's joiners into the slots they took
-        for c, layer in zip(cache, joined):
+    for slot, joined in group.arrivals:  # the last pass's joiners into the slots they took
+        for c, layer in zip(cache, joined, strict=False):
             c.place(slot, layer)
     group.arrivals = []
     if cache is not None:
         pads = cache[0].left_padding.tolist()
         shared = min(pads)
-        if shared > 0:   # padding every row has (left by joiners that took slots) is dropped
+        if shared > 0:  # padding every row has (left by joiners that took slots) is dropped
             for c in cache:
                 c.drop_padding(shared)
             pads = [p - shared for p in pads]
         length = cache[0].keys_and_values()[0].shape[2]
     fed, keep, rejoin, done, spawned, sources, freed = {}, [], [], [], [], [], []
-    row_caches = [_RowCache(cache, i, pads[i], length, context) if cache is not None else None
-                  for i in range(len(group.rows))]
+    row_caches = [
+        _RowCache(cache, i, pads[i], length, context) if cache is not None else None for i in range(len(group.rows))
+    ]
     # Every row's decision in one host sync (samplers.choose_together).
-    deciding = [(i, d) for i, row in enumerate(group.rows)
-                if (d := row.decision(model, row_caches[i])) is not None]
-    made = choose_together([group.rows[i].sampler for i, _ in deciding],
-                           [d[0] for _, d in deciding], [d[1] for _, d in deciding])
-    choices = dict(zip((i for i, _ in deciding), made))
+    deciding = [(i, d) for i, row in enumerate(group.rows) if (d := row.decision(model, row_caches[i])) is not None]
+    made = choose_together(
+        [group.rows[i].sampler for i, _ in deciding], [d[0] for _, d in deciding], [d[1] for _, d in deciding]
+    )
+    choices = dict(zip((i for i, _ in deciding), made, strict=False))
     for i, row in enumerate(group.rows):
         row_cache = row_caches[i]
         token = row.step(eos, choices.get(i))
@@ -292,14 +135,14 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         elif row.finished:
             done.append(row)
             freed.append(i)
-            if row.result.parent is None:   # a spawned row's sampler is not a batch slot's
+            if row.result.parent is None:  # a spawned row's sampler is not a batch slot's
                 group.free.append(row.sampler)
-            keep_cache = getattr(group, "keep_cache", None)   # the server keeps a finished row's cache
+            keep_cache = getattr(group, "keep_cache", None)  # the server keeps a finished row's cache
             if keep_cache is not None and row_cache is not None:
                 keep_cache(row, row_cache)
         else:
             rejoin.append(row)
-        for alt, logprob, metrics in row.spawn:   # children of row i, at the position it just decided
+        for alt, logprob, metrics in row.spawn:  # children of row i, at the position it just decided
             sampler = group.branch_sampler()
             child = row.child(alt, logprob, metrics, sampler, next(group.numbers))
             if child.finished:
@@ -327,7 +170,7 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         # remaining rows share, so the batch may shrink by up to the kept rows' least.
         room = length - min(pads[i] for i in keep) + 1
         fitting = [row for row in riding if len(row.request.prompt) <= room]
-        slots = dict(zip(freed, fitting))
+        slots = dict(zip(freed, fitting, strict=False))
     placed = list(slots.values())
     order = sorted([*keep, *slots])
     tokens = [fed.get(i, 0) for i in order] + [c.result.tokens[-1] for c in spawned]
@@ -338,7 +181,7 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
             rows = order + sources
             if rows != list(range(len(group.rows))):
                 for c in cache:
-                    c.filter(mx.array(rows))   # a repeated row is a copy: the spawned row's own cache
+                    c.filter(mx.array(rows))  # a repeated row is a copy: the spawned row's own cache
                 pads = cache[0].left_padding.tolist()
                 length = cache[0].keys_and_values()[0].shape[2]
             key_mask = visible_key_mask(cache[0], length + 1)
@@ -356,7 +199,7 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         prefix = getattr(cache[0], "prefix_len", 0) if cache is not None else 0
         for i, row in enumerate(group.rows):
             row.logits, row.scores = logits[i, -1], _RowScores(scores, i, pads[i], prefix)
-        for row, (row_logits, row_scores) in zip(riding, passed):
+        for row, (row_logits, row_scores) in zip(riding, passed, strict=False):
             row.logits, row.scores = row_logits[0, -1], [s[0] for s in row_scores]
         group.arrivals = [(order.index(i), row.own_cache) for i, row in slots.items()]
         outputs += [(row.logits, row.scores) for row in placed]
@@ -372,16 +215,22 @@ def _step(model, group: _Group, eos: set, pending: deque, prefix_cache, prefix_l
         if rejoin:
             outputs += [(row.logits, row.scores) for row in rejoin]
             if share_prefix:
-                merged = [SharedPrefixBatchCache.merge_rows(p, list(layer))
-                          for p, layer in zip(prefix_cache, zip(*(row.own_cache for row in rejoin)))]
+                merged = [
+                    SharedPrefixBatchCache.merge_rows(p, list(layer))
+                    for p, layer in zip(
+                        prefix_cache, zip(*(row.own_cache for row in rejoin), strict=False), strict=False
+                    )
+                ]
             else:
-                merged = [RowsKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin))]
+                merged = [
+                    RowsKVCache.merge(list(layer)) for layer in zip(*(row.own_cache for row in rejoin), strict=False)
+                ]
             for row in rejoin:
                 row.own_cache = None
             if cache is None:
                 cache = merged
             else:
-                for c, m in zip(cache, merged):
+                for c, m in zip(cache, merged, strict=False):
                     c.extend(m)
             group.rows += rejoin
         group.cache = cache
@@ -416,11 +265,18 @@ def default_groups(batch_size: int, model=None) -> int:
     return max(1, min(batch_size, os.cpu_count() or 1))
 
 
-def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Callable[[], Sampler],
-                   batch_size: int = 8, prefix: list[int] | None = None,
-                   groups: int | None = None, share_prefix: bool = False,
-                   branch_sampler: Callable[[], Sampler] | None = None, prefix_cache=None,
-                   ) -> Iterator[tuple[int, RowResult, float]]:
+def generate_batch(
+    model,
+    tokenizer,
+    requests: list[Request],
+    make_sampler: Callable[[], Sampler],
+    batch_size: int = 8,
+    prefix: list[int] | None = None,
+    groups: int | None = None,
+    share_prefix: bool = False,
+    branch_sampler: Callable[[], Sampler] | None = None,
+    prefix_cache=None,
+) -> Iterator[tuple[int, RowResult, float]]:
     """Answer every request; yields `(request index, result, seconds)` as rows
     finish (not in request order). `seconds` is the wall time since the previous
     yield, so the seconds of a whole run add up to its duration.
@@ -444,9 +300,10 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
         if len(r.prompt) + r.max_tokens > context:
             raise ContextOverflowError(
                 f"a prompt of {len(r.prompt)} tokens plus {r.max_tokens} new tokens exceeds the "
-                f"model's context of {context}; lower --max-tokens or shorten the prompt")
+                f"model's context of {context}; lower --max-tokens or shorten the prompt"
+            )
     prefix = list(prefix or [])
-    if prefix and any(len(r.prompt) <= len(prefix) or r.prompt[:len(prefix)] != prefix for r in requests):
+    if prefix and any(len(r.prompt) <= len(prefix) or r.prompt[: len(prefix)] != prefix for r in requests):
         raise ValueError("every prompt must start with the prefix and be longer than it")
     if share_prefix and not prefix:
         raise ValueError("share_prefix needs a prefix")
@@ -460,14 +317,16 @@ def generate_batch(model, tokenizer, requests: list[Request], make_sampler: Call
     batch_size = min(batch_size, max(1, len(requests)))
     n_groups = min(groups or default_groups(batch_size, model), batch_size)
     sizes = [batch_size // n_groups + (g < batch_size % n_groups) for g in range(n_groups)]
-    all_groups = [_Group([make_sampler() for _ in range(n)], s, branch_sampler or make_sampler)
-                  for n, s in zip(sizes, _streams(n_groups))]
+    all_groups = [
+        _Group([make_sampler() for _ in range(n)], s, branch_sampler or make_sampler)
+        for n, s in zip(sizes, _streams(n_groups), strict=False)
+    ]
     numbers = itertools.count()
     for group in all_groups:
         group.numbers = numbers
     pending = deque(enumerate(requests))
     last = time.perf_counter()
-    for group in all_groups:   # fill every slot before the first decision
+    for group in all_groups:  # fill every slot before the first decision
         _step(model, group, eos, pending, prefix_cache, len(prefix), share_prefix)
     while any(g.rows for g in all_groups):
         for group in all_groups:

@@ -11,10 +11,18 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-SELECTORS = ("greedy", "margin", "max_margin", "logprob", "vote", "weighted_vote", "continuation_logprob",
-             "continuation_margin")
+SELECTORS = (
+    "greedy",
+    "margin",
+    "max_margin",
+    "logprob",
+    "vote",
+    "weighted_vote",
+    "continuation_logprob",
+    "continuation_margin",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ FIELD_TYPES = {f.name: f.type for f in fields(DeliberateConfig)}
 
 def validate(c: DeliberateConfig) -> None:
     """Raise ConfigError naming the first invalid field."""
+
     def bad(name, rule):
         raise ConfigError(f"deliberate setting '{name}' = {getattr(c, name)!r} is invalid: {rule}")
 
@@ -70,8 +79,9 @@ def validate(c: DeliberateConfig) -> None:
         value = getattr(c, f.name)
         if f.type in (int, "int") and (isinstance(value, bool) or not isinstance(value, int)):
             bad(f.name, "must be a whole number")
-        if f.type in (float, "float") and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                           or not math.isfinite(value)):
+        if f.type in (float, "float") and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
             bad(f.name, "must be a finite number")
     for name in ("first_alternatives", "alternatives", "max_branch_points", "max_branches"):
         if getattr(c, name) < 0:
@@ -92,8 +102,9 @@ def validate(c: DeliberateConfig) -> None:
 def from_dict(data: dict, source: str = "config") -> DeliberateConfig:
     unknown = [k for k in data if k not in FIELD_TYPES]
     if unknown:
-        raise ConfigError(f"unknown deliberate setting '{unknown[0]}' in {source}; "
-                          f"known settings: {', '.join(FIELD_TYPES)}")
+        raise ConfigError(
+            f"unknown deliberate setting '{unknown[0]}' in {source}; known settings: {', '.join(FIELD_TYPES)}"
+        )
     values = dict(data)
     for name, value in values.items():
         kind = FIELD_TYPES[name]
@@ -112,7 +123,7 @@ def load_config(path, base: DeliberateConfig | None = None) -> DeliberateConfig:
     table = data.get("deliberate", data)
     if not isinstance(table, dict):
         raise ConfigError(f"config file {path}: [deliberate] must be a table")
-    if "deliberate" not in data:   # a file of top-level fields: ignore other tables (e.g. [sampler])
+    if "deliberate" not in data:  # a file of top-level fields: ignore other tables (e.g. [sampler])
         table = {k: v for k, v in table.items() if not isinstance(v, dict) and k != "name"}
     return from_dict({**(base or DeliberateConfig()).to_dict(), **table}, source=str(path))
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError
 from .gguf_check import check_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -27,11 +28,14 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+
+
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+
 
 # Pre-tokenizer splits by `tokenizer.ggml.pre`, as llama.cpp defines them.
 _LLAMA3_SPLIT = (
@@ -65,9 +69,7 @@ def _scalar(metadata, key, default=None):
 def gguf_config(metadata: dict, weights: dict, path: Path) -> dict:
     arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"{path} holds a '{arch}' model; entropix-mlx runs Llama-architecture models only"
-        )
+        raise UnsupportedModelError(f"{path} holds a '{arch}' model; entropix-mlx runs Llama-architecture models only")
 
     def get(key, default=None):
         return _scalar(metadata, f"{arch}.{key}", default)
@@ -93,7 +95,9 @@ def gguf_config(metadata: dict, weights: dict, path: Path) -> dict:
             "rope_traditional": True,
         }
     except (TypeError, KeyError, ValueError) as e:
-        raise ModelLoadError(f"GGUF file {path} lacks a valid hyper-parameter ({e}); the file is incomplete or corrupt") from None
+        raise ModelLoadError(
+            f"GGUF file {path} lacks a valid hyper-parameter ({e}); the file is incomplete or corrupt"
+        ) from None
     scaling_type = get("rope.scaling.type")
     if scaling_type == "linear":
         config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
@@ -143,8 +147,10 @@ def gguf_tokenizer(metadata: dict, path: Path):
     types = metadata.get("tokenizer.ggml.token_type")
     types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens or [])
     if not (isinstance(tokens, list) and isinstance(merges, list) and len(types) == len(tokens)):
-        raise ModelLoadError(f"GGUF file {path} lacks a complete tokenizer (vocabulary, merges, token types); "
-                             "the file is incomplete or corrupt")
+        raise ModelLoadError(
+            f"GGUF file {path} lacks a complete tokenizer (vocabulary, merges, token types); "
+            "the file is incomplete or corrupt"
+        )
     merges = [tuple(m.split(" ", 1)) for m in merges]
 
     try:
@@ -154,19 +160,21 @@ def gguf_tokenizer(metadata: dict, path: Path):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre == "smollm":  # SmolLM splits digits one by one
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     elif pre == "llama-bpe":
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     control = 3  # llama.cpp token type CONTROL
     tokenizer.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == control])
+        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == control]
+    )
 
     def token_at(key):
         i = _scalar(metadata, key)
@@ -178,11 +186,17 @@ def gguf_tokenizer(metadata: dict, path: Path):
     pad, _ = token_at("tokenizer.ggml.padding_token_id")
     if bos is not None and _scalar(metadata, "tokenizer.ggml.add_bos_token", False):
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
 
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=bos, eos_token=eos, unk_token=unk,
-        pad_token=pad or eos, chat_template=metadata.get("tokenizer.chat_template"))
+        tokenizer_object=tokenizer,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=unk,
+        pad_token=pad or eos,
+        chat_template=metadata.get("tokenizer.chat_template"),
+    )
     eos_ids = [eos_id] if eos_id is not None else []
     _, eot_id = token_at("tokenizer.ggml.eot_token_id")
     if eot_id is not None:
@@ -206,12 +220,22 @@ def check_config(config: dict, weights: dict, path) -> None:
     """The metadata must agree with the tensors before a model is built from it: a
     corrupt block count or head count would otherwise build a wrong (or huge)
     model before any weight is checked."""
+
     def bad(what):
         return ModelLoadError(f"GGUF file {path} is inconsistent: {what}; the file is corrupt")
 
     import math
-    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "max_position_embeddings",
+    ):
         if config[key] <= 0:
             raise bad(f"{key} is {config[key]}")
     for key in ("rms_norm_eps", "rope_theta"):

@@ -1,0 +1,179 @@
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Where distributions put OpenBLAS (the pthread build first: it uses every core).
+_ARCH = platform.machine()
+
+
+OPENBLAS_CANDIDATES = (
+    f"/usr/lib/{_ARCH}-linux-gnu/openblas-pthread/libopenblas.so.0",  # Debian, Ubuntu
+    f"/usr/lib/{_ARCH}-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblasp.so.0",  # Fedora (pthread)
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",  # Arch
+    "/usr/lib/libopenblas.so",
+)
+
+
+_blas: dict = {
+    "name": None,
+    "path": None,
+    "reason": "not loaded yet",
+    "shim": None,
+    "shim_reason": "",
+    "thin_gemm": False,
+}
+
+
+_shim_library = None  # the loaded shim (its call counter, for tests)
+
+
+SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
+
+
+_OFF = ("none", "off", "0", "false")
+
+
+def load_blas() -> dict:
+    """Load a system OpenBLAS into the global symbol scope, once, before MLX.
+    Never fails: without one, MLX keeps its own BLAS. Returns `blas_info()`."""
+    if _blas["reason"] != "not loaded yet":
+        return blas_info()
+    if sys.platform != "linux":
+        _blas.update(reason="not Linux: MLX uses the platform's BLAS (Accelerate on macOS)")
+        return blas_info()
+    if "mlx.core" in sys.modules:
+        _blas.update(reason="mlx.core was imported before entropix_mlx; its BLAS is already bound")
+        return blas_info()
+    wanted = os.environ.get("ENTROPIX_BLAS", "").strip()
+    if wanted.lower() in _OFF:
+        _blas.update(reason="ENTROPIX_BLAS=none")
+        return blas_info()
+    candidates = [wanted] if wanted else [*OPENBLAS_CANDIDATES, ctypes.util.find_library("openblas")]
+    for path in candidates:
+        if not path or (os.sep in path and not Path(path).exists()):
+            continue
+        try:
+            # Local first: the shim's cblas_sgemm must come before OpenBLAS's in the global scope.
+            library = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+            library.cblas_sgemm  # noqa: B018  (an OpenBLAS without CBLAS would not help)
+        except (OSError, AttributeError):
+            continue
+        shim, shim_reason = _load_shim(library)
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # now global: MLX's other BLAS calls resolve to it
+        thin = bool(shim and _shim_library.entropix_thin_gemm_active())
+        _blas.update(name="OpenBLAS", path=path, reason="", shim=shim, shim_reason=shim_reason, thin_gemm=thin)
+        return blas_info()
+    _blas.update(
+        reason=f"ENTROPIX_BLAS={wanted} could not be loaded"
+        if wanted
+        else "no system OpenBLAS found (Debian/Ubuntu: apt install libopenblas0-pthread)"
+    )
+    return blas_info()
+
+
+def _build_shim() -> tuple[str | None, str]:
+    """blas_shim.c compiled to a shared library, once: cached by its content under
+    ~/.cache/entropix-mlx (else the temp folder). Returns (path, "") or (None, why not)."""
+    source = SHIM_SOURCE.read_bytes()
+    name = f"blas_shim-{hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]}.so"
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folders = (Path(cache_home) / "entropix-mlx", Path(tempfile.gettempdir()) / f"entropix-mlx-{os.getuid()}")
+    for folder in folders:
+        if (folder / name).exists():
+            return str(folder / name), ""
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not compiler[0]:
+        return None, "no C compiler (cc) to build it"
+    why = "no writable cache folder"
+    for folder in folders:
+        partial = folder / f".{name}.{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for flags in (["-fopenmp"], ["-DENTROPIX_NO_THREADS"]):  # without OpenMP: the GEMV part only
+                done = subprocess.run(
+                    [*compiler, "-O3", *flags, "-shared", "-fPIC", "-o", str(partial), str(SHIM_SOURCE)],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                if done.returncode == 0:
+                    break
+            if done.returncode != 0:
+                partial.unlink(missing_ok=True)
+                return None, f"{compiler[0]} could not build it: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+            os.replace(partial, folder / name)  # whole or not at all, also with two processes at once
+            return str(folder / name), ""
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"cannot build it in {folder}: {e}"
+    return None, why
+
+
+def _load_shim(openblas) -> tuple[str | None, str]:
+    """Build and load the shim in front of `openblas` (loaded, not yet global).
+    Returns (its path, "") or (None, why plain OpenBLAS runs)."""
+    if os.environ.get("ENTROPIX_BLAS_SHIM", "").strip().lower() in _OFF:
+        return None, "ENTROPIX_BLAS_SHIM=off"
+    try:
+        sgemm, sgemv = openblas.cblas_sgemm, openblas.cblas_sgemv
+    except AttributeError:
+        return None, "this OpenBLAS has no cblas_sgemv"
+    path, why = _build_shim()
+    if path is None:
+        return None, why
+    set_threads = getattr(openblas, "openblas_set_num_threads", None)  # the shim's OpenMP threads replace them
+    global _shim_library
+    try:
+        shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+        if not shim.entropix_blas_shim_init(
+            ctypes.cast(sgemm, ctypes.c_void_p),
+            ctypes.cast(sgemv, ctypes.c_void_p),
+            ctypes.cast(set_threads, ctypes.c_void_p) if set_threads else None,
+        ):
+            return None, "the shim did not get OpenBLAS's functions"
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # first in the global scope: MLX's cblas_sgemm is the shim's
+    except (OSError, AttributeError) as e:
+        return None, f"cannot load {path}: {e}"
+    _shim_library = shim
+    return path, ""
+
+
+def blas_info() -> dict:
+    """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, "",
+    "shim": the shim's path or None, "shim_reason": why none, "",
+    "thin_gemm": whether the shim's few-row kernel runs}."""
+    return dict(_blas)
+
+
+def blas_name() -> str:
+    """What MLX's float32 matmul calls: 'OpenBLAS + thin kernels' (the shim's
+    GEMV and few-row kernel), 'OpenBLAS + GEMV' (the shim without its kernel:
+    no OpenMP, or a CPU without AVX2), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
+    if _blas["name"]:
+        if not _blas["shim"]:
+            return _blas["name"]
+        return _blas["name"] + (" + thin kernels" if _blas["thin_gemm"] else " + GEMV")
+    return "Accelerate" if sys.platform == "darwin" else "MLX's BLAS"
+
+
+def thin_gemm_calls() -> int:
+    """How many products the shim's few-row kernel has run in this process."""
+    return _shim_library.entropix_thin_gemm_calls() if _shim_library is not None else 0
+
+
+def wide_thin_tiles(on: bool) -> tuple[bool, int]:
+    """Tests: let the shim's few-row kernel use its AVX-512VL tiles (on) or only its
+    AVX2 ones (off). Returns (whether the AVX-512VL tiles run now, how many products
+    they have taken in this process)."""
+    if _shim_library is None:
+        return False, 0
+    return bool(_shim_library.entropix_thin_gemm_wide(int(on))), _shim_library.entropix_thin_gemm_wide_calls()

@@ -1,0 +1,169 @@
+"""Which compute path runs: the BLAS MLX's CPU backend calls, and the weight format.
+
+On Linux, MLX runs on its CPU backend. There its quantized matmul is the
+bottleneck (a 4-bit matmul costs the same per row whatever the batch), while a
+float32 matmul goes to `cblas_sgemm`. The `mlx[cpu]` wheel links a slow
+reference BLAS; a system OpenBLAS is 5-10x faster. Loading it with
+`RTLD_GLOBAL` *before* `mlx.core` is first imported puts its `cblas_sgemm` first
+in the process's global symbol scope, so MLX's calls resolve to it: no
+`LD_PRELOAD`, no rebuild. So this module must not import MLX at module level,
+and `entropix_mlx/__init__.py` calls `load_blas()` before anything else.
+
+Weights: `native` keeps the file's format (quantized stays quantized);
+`float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
+for all rows of a batch); `auto` picks float32 on the CPU device when the
+float32 weights fit `FLOAT32_BUDGET_BYTES` and a real BLAS runs them (a system
+OpenBLAS; Accelerate on macOS), native otherwise, and always native on a GPU
+(Metal), where quantized matmuls are fast and memory bandwidth rules.
+
+Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
+of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
+(Debian 12) runs those far below the memory bandwidth (an M=1 GEMM at about half
+its GEMV's speed, the GEMV itself at under half the bandwidth). `blas_shim.c` is
+a `cblas_sgemm` that sends products of 1-64 rows with a weight matrix to a
+kernel of its own (each weight row read once for every row, prefetched, split
+over the cores with OpenMP), the attention's tiny products of a decode step to
+small kernels on the calling thread, other single-row and single-column products
+to `cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
+the system C compiler (which MLX's CPU backend already uses for its own
+kernels), cached, and put in the global scope ahead of OpenBLAS. Without OpenMP
+it is built single-threaded and keeps only the GEMV part; without a compiler,
+or if anything fails, plain OpenBLAS runs.
+
+Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
+nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
+`ENTROPIX_WEIGHTS` = the default for `--weights`.
+"""
+
+import os
+import sys
+
+from .blas import blas_info, blas_name
+
+WEIGHT_FORMATS = ("auto", "native", "float32")
+
+
+# float32 weights of up to 4 GB (a ~1B model): on CPU they decode faster than
+# quantized ones, and a laptop has room for them. Larger models stay native.
+FLOAT32_BUDGET_BYTES = 4 * 1024**3
+
+
+def default_weights() -> str:
+    value = os.environ.get("ENTROPIX_WEIGHTS", "auto").strip().lower() or "auto"
+    return value
+
+
+def check_weights(value: str) -> str:
+    from ..errors import ConfigError
+
+    if value not in WEIGHT_FORMATS:
+        raise ConfigError(f"'{value}' is not a weight format; use one of: {', '.join(WEIGHT_FORMATS)}")
+    return value
+
+
+def float32_bytes(model) -> int:
+    """What the model's weights take once dequantized to float32."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    quantized = {
+        name: m.bits for name, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+    total = 0
+    for name, value in tree_flatten(model.parameters()):
+        owner, _, leaf = name.rpartition(".")
+        if owner in quantized:
+            if leaf == "weight":  # packed: 32 // bits values per uint32
+                total += value.size * (32 // quantized[owner]) * 4
+            elif leaf == "bias":
+                total += value.size * 4
+            continue  # scales and biases of the quantization go away
+        total += value.size * 4
+    return total
+
+
+def choose_weights(requested: str, model) -> str:
+    """`native` or `float32` for this model on this device."""
+    import mlx.core as mx
+
+    requested = check_weights(requested)
+    if requested != "auto":
+        return requested
+    if mx.default_device() != mx.cpu:
+        return "native"
+    if not blas_info()["name"] and sys.platform != "darwin":
+        # MLX's own reference BLAS runs a float32 matmul at about what its quantized kernel
+        # costs, at 4.7x the memory (bench without OpenBLAS on a 2-core Zen 3 VM: greedy
+        # 0.94x mlx-lm against native's 0.95x, full Entropix 0.77x against 0.80x, prefill
+        # 0.88x against 0.97x): float32 pays only with a real BLAS.
+        return "native"
+    return "float32" if float32_bytes(model) <= FLOAT32_BUDGET_BYTES else "native"
+
+
+def to_float32(model):
+    """Dequantize every quantized layer once and cast all weights to float32, in
+    place: each matmul then runs as a BLAS GEMM. Returns the model."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replacements = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        # float32 scales and biases: dequantizing in their float16 would round
+        # every weight to float16 (~1e-2 on a logit).
+        biases = module.get("biases")
+        weight = mx.dequantize(
+            module.weight,
+            module.scales.astype(mx.float32),
+            None if biases is None else biases.astype(mx.float32),
+            module.group_size,
+            module.bits,
+            mode=getattr(module, "mode", "affine"),
+        )
+        if isinstance(module, nn.QuantizedLinear):
+            has_bias = "bias" in module
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias)
+            if has_bias:
+                layer.bias = module.bias
+        else:
+            layer = nn.Embedding(*weight.shape)
+        layer.weight = weight
+        replacements.append((name, layer))
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def weights_format(model) -> str:
+    """What the loaded model holds: 'float32', or the native format (e.g. '4-bit')."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    bits = sorted(
+        {m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    )
+    if bits:
+        return "native " + "/".join(f"{b}-bit" for b in bits)
+    dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in tree_flatten(model.parameters())})
+    return "/".join(dtypes)
+
+
+def gemm_uses_all_cores(model) -> bool:
+    """Float32 weights with OpenBLAS: every matmul is a multi-threaded GEMM."""
+    return blas_info()["name"] == "OpenBLAS" and weights_format(model).startswith("float32")
+
+
+def describe(model) -> str:
+    """One line for headers: e.g. 'cpu · float32 weights · OpenBLAS'."""
+    import mlx.core as mx
+
+    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+    fmt = weights_format(model)
+    text = f"{device} · {fmt} weights"
+    if device == "cpu" and fmt.startswith("float32"):
+        text += f" · {blas_name()}"
+    return text

@@ -1,0 +1,278 @@
+"""`deliberate`: branch over whole answers where the model is unsure, then pick
+the answer that holds up.
+
+One answer is a root row, decoded greedily, plus branch rows it spawns:
+
+- at its first token, the `first_alternatives` next most likely tokens each
+  start a branch (CoT-decoding, Wang & Zhou 2024: the paths that reason
+  differently often start differently);
+- later, at positions where the next-token entropy or varentropy crosses the
+  config's thresholds (EAGer-style gating), the `alternatives` next most
+  likely tokens do, at most `max_branch_points` times.
+
+Every branch continues greedily to the end of its answer. All rows are rows of
+batch.py's generator: they advance together, one forward pass per step, over a
+prompt stored once (`share_prefix`); a branch starts on a copy of its parent's
+generated positions only. The candidates (the greedy answer always among them)
+are then compared by a selector (`answer_scores`) and the greedy answer is
+replaced only when another answer's score beats it by `margin`.
+
+Budget: each candidate generates at most as many tokens as the longest one, so
+capping the candidates at floor(budget) keeps all generated tokens within
+budget x the longest candidate.
+"""
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..errors import ConfigError
+from ..sampling.branching import BranchSampler
+from ..sampling.deliberate_config import DeliberateConfig
+from ..sampling.selection import Deliberation, candidate_from, default_answer, select
+from .engine import generate_batch
+from .events import Summary, TokenEvent
+from .rows import Request, RowResult
+
+
+def deliberate_batch(
+    model,
+    tokenizer,
+    requests: list[Request],
+    config: DeliberateConfig,
+    answer_of: Callable[[int, str], str | None] | None = None,
+    batch_size: int = 1,
+    prefix: list[int] | None = None,
+    on_row: Callable | None = None,
+    prefix_cache=None,
+) -> Iterator[tuple[int, Deliberation, float]]:
+    """Deliberate every request; yields (request index, deliberation, seconds)
+    as answers complete. `answer_of(index, text)` extracts a candidate's answer
+    (default: `default_answer`). `batch_size` requests are in flight at once,
+    each with its branches; with one, the whole prompt but its last token is
+    the shared prefix (default `prefix`: the requests' common beginning).
+    `on_row(index, result)` sees every row as it finishes (progress display);
+    `prefix_cache`, the prefix already run (see `generate_batch`)."""
+    answer_of = answer_of or (lambda index, text: default_answer(text))
+    if prefix is None:  # the requests' common beginning, kept shorter than each of them
+        prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
+    done: dict[int, list[RowResult]] = {}
+    seconds: dict[int, float] = {}
+    rows = generate_batch(
+        model,
+        tokenizer,
+        requests,
+        lambda: BranchSampler(config),
+        batch_size,
+        prefix=prefix,
+        share_prefix=bool(prefix),
+        groups=1,
+        branch_sampler=lambda: BranchSampler(config, spawns=False),
+        prefix_cache=prefix_cache,
+    )
+    for index, result, spent in rows:
+        if on_row:
+            on_row(index, result)
+        done.setdefault(index, []).append(result)
+        seconds[index] = seconds.get(index, 0.0) + spent
+        root = next((r for r in done[index] if r.parent is None), None)
+        if root is None or len(done[index]) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
+            continue
+        results = sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row))
+        candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
+        chosen, reason, scores = select(candidates, config.selector, config.margin)
+        yield index, Deliberation(candidates, chosen, reason, scores), seconds.pop(index)
+
+
+def token_strategies(d: Deliberation) -> list[str]:
+    """Per token of the chosen answer: "split" where the greedy answer spawned
+    branches (before the winner left it), "branch" for the winner's first own
+    token, "argmax" otherwise."""
+    winner, splits = d.winner, set(d.candidates[0].branched_at)
+    out = []
+    for i in range(len(winner.tokens)):
+        if winner.split is not None and i == winner.split:
+            out.append("branch")
+        elif i in splits and (winner.split is None or i < winner.split):
+            out.append("split")
+        else:
+            out.append("argmax")
+    return out
+
+
+def eval_rows(
+    model,
+    tokenizer,
+    requests: list[Request],
+    config: DeliberateConfig,
+    answer_of,
+    batch_size: int,
+    prefix: list[int] | None = None,
+) -> Iterator[tuple[int, RowResult, float]]:
+    """For `eval`: `deliberate_batch` with each answer as the winner's RowResult,
+    plus `extra` for the item's record (tokens spent, branches, each candidate)."""
+    for index, d, seconds in deliberate_batch(model, tokenizer, requests, config, answer_of, batch_size, prefix):
+        w = d.winner
+        result = RowResult(
+            tokens=w.tokens,
+            strategies=token_strategies(d),
+            logprobs=w.logprobs,
+            finish_reason=w.finish_reason,
+            prompt_tokens=len(requests[index].prompt),
+        )
+        result.extra = {
+            "tokens_spent": d.tokens_spent,
+            "branches": len(d.candidates) - 1,
+            "chosen": d.chosen,
+            "reason": d.reason,
+            "candidates": [
+                {
+                    k: getattr(c, k)
+                    for k in (
+                        "split",
+                        "answer",
+                        "answer_margin",
+                        "mean_logprob",
+                        "continuation_logprob",
+                        "continuation_margin",
+                        "own_tokens",
+                        "text",
+                    )
+                }
+                for c in d.candidates
+            ],
+        }
+        yield index, result, seconds
+
+
+def deliberate(
+    model,
+    tokenizer,
+    prompt: list[int],
+    config: DeliberateConfig | None = None,
+    max_tokens: int = 256,
+    seed: int = 0,
+    answer_of: Callable[[str], str | None] | None = None,
+    on_row: Callable | None = None,
+) -> Deliberation:
+    """One prompt's deliberation (see `deliberate_batch`)."""
+    extract = (lambda index, text: answer_of(text)) if answer_of else None
+    for _, result, _ in deliberate_batch(
+        model, tokenizer, [Request(prompt, seed, max_tokens)], config or DeliberateConfig(), extract, on_row=on_row
+    ):
+        return result
+    raise RuntimeError("deliberate produced no answer")
+
+
+@dataclass
+class DeliberateSummary(Summary):
+    branches: int = 0  # candidates besides the greedy answer
+    tokens_spent: int = 0  # generated over all candidates
+    budget: float = 0.0
+    deliberation: dict | None = None
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["winner"] = (self.deliberation or {}).get("chosen")
+        return d
+
+
+class DeliberateGeneration:
+    """Same use as `generate.Generation`. A given `cache` holding the start of
+    the conversation (chat) is the branches' shared prefix: it is read, never
+    written, so it still holds only that start afterwards."""
+
+    def __init__(
+        self, model, tokenizer, prompt_tokens: list[int], sampler, max_tokens: int = 256, seed: int = 0, cache=None
+    ):
+        if len(prompt_tokens) == 0:
+            raise ConfigError("the prompt has no tokens; give some text")
+        self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
+        self.config = sampler.config
+        self.prompt_tokens, self.max_tokens, self.seed = list(prompt_tokens), max_tokens, seed
+        self.cache = cache
+        self.tokens: list[int] = []
+        self.events: list[TokenEvent] = []
+        self.finish_reason = "running"
+        self.deliberation: Deliberation | None = None
+        self.on_row = None  # called with each finished row's RowResult (progress display)
+        self._prompt_time = self._gen_time = 0.0
+        self._spent = 0
+
+    def __iter__(self):
+        if self.max_tokens <= 0:
+            self.finish_reason = "length"
+            return
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        held = self.cache[0].offset if self.cache else 0
+        # Tokens of a prefix already in the cache are never run again; only
+        # their number matters, so stand-ins take their place in the prompt.
+        prompt = [0] * held + self.prompt_tokens
+        prefix = prompt[:-1] if held == 0 else prompt[:held]
+        request = Request(prompt, self.seed, self.max_tokens)
+
+        def seen(index, result):
+            self._spent += len(result.tokens) - (result.split or 0)
+            self._gen_time = time.perf_counter() - start
+            if self.on_row:
+                self.on_row(result)
+
+        for _, deliberation, _ in deliberate_batch(
+            self.model,
+            self.tokenizer,
+            [request],
+            self.config,
+            prefix=prefix,
+            prefix_cache=self.cache if held else None,
+            on_row=seen,
+        ):
+            self.deliberation = deliberation
+        self._gen_time = time.perf_counter() - start
+        yield from self._replay()
+
+    def _replay(self):
+        """The chosen candidate's tokens as events, with the strategy that explains each."""
+        d = self.deliberation
+        winner = d.winner
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        for i, (token, strategy) in enumerate(zip(winner.tokens, token_strategies(d), strict=False)):
+            detokenizer.add_token(token)
+            if i == len(winner.tokens) - 1:
+                detokenizer.finalize()
+            metrics = {"margin": winner.margins[i]} if i < len(winner.margins) else {}
+            event = TokenEvent(
+                token,
+                detokenizer.last_segment,
+                strategy,
+                winner.logprobs[i],
+                metrics,
+                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
+            )
+            self.tokens.append(token)
+            self.events.append(event)
+            yield event
+        self.finish_reason = winner.finish_reason
+
+    def summary(self) -> DeliberateSummary:
+        d = self.deliberation
+        spent = d.tokens_spent if d else self._spent
+        return DeliberateSummary(
+            tokens=len(self.events),
+            prompt_tokens=len(self.prompt_tokens),  # as Generation.summary
+            strategy_counts=dict(Counter(e.strategy for e in self.events)),
+            thinking_insertions=0,
+            prompt_tps=0.0,
+            generation_tps=spent / self._gen_time if self._gen_time else 0.0,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            finish_reason=self.finish_reason,
+            branches=len(d.candidates) - 1 if d else 0,
+            tokens_spent=spent,
+            budget=self.config.budget,
+            deliberation=d.to_dict() if d else None,
+        )

@@ -1,0 +1,176 @@
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ..model.cache import KVCache, visible_columns
+from ..sampling.samplers import Choice, Sampler, Step
+
+
+@dataclass
+class Request:
+    prompt: list[int]  # token ids, chat template applied
+    seed: int = 0  # the row's key chain starts at mx.random.key(seed), as in `generate`
+    max_tokens: int = 256
+
+
+@dataclass
+class RowResult:
+    tokens: list[int] = field(default_factory=list)
+    strategies: list[str] = field(default_factory=list)  # per generated token
+    logprobs: list = field(default_factory=list)  # nats; None where the sampler could not know it
+    finish_reason: str = "running"  # "eos" or "length" when done
+    thinking_insertions: int = 0
+    prompt_tokens: int = 0
+    metrics: list = field(default_factory=list)  # per generated token, the sampler's metrics dict
+    row: int = 0  # this row's number within the call
+    parent: int | None = None  # spawned rows: the row they branched from
+    split: int | None = None  # spawned rows: index of their first own token
+
+
+class _RowCache(Sequence):
+    """One row of a group's BatchKVCache as a list of batch-1 `KVCache`s, made on
+    first use (most steps never touch it). The keys are lazy slices: reading
+    them copies nothing, and writes go to new arrays, never to the batch."""
+
+    def __init__(self, batch_cache, row: int, pad: int, length: int, max_size: int):
+        self._args = batch_cache, row, pad, length, max_size
+        self._layers = None
+
+    def _materialize(self):
+        if self._layers is None:
+            batch_cache, row, pad, length, max_size = self._args
+            self._layers = []
+            for c in batch_cache:
+                layer = KVCache(max_size)
+                keys, values = c.keys_and_values()
+                p = getattr(c, "prefix_len", 0)  # a shared prefix sits before the padding
+                layer.keys = _visible_positions(keys[row : row + 1, :, :length], pad, p)
+                layer.values = _visible_positions(values[row : row + 1, :, :length], pad, p)
+                layer.offset = length - pad
+                self._layers.append(layer)
+        return self._layers
+
+    def __getitem__(self, i):
+        return self._materialize()[i]
+
+    def __len__(self):
+        return len(self._args[0])
+
+
+class _RowScores(Sequence):
+    """One row's per-layer attention scores (heads, visible keys), cut out of the
+    batch's scores when a sampler first reads a layer: greedy without metrics
+    never does, and cutting every row of every layer is 240 ops a step for 8
+    rows. The batch's scores are evaluated with the pass, so this holds no graph."""
+
+    def __init__(self, scores: list, row: int, pad: int, prefix: int):
+        self._scores, self._row, self._pad, self._prefix = scores, row, pad, prefix
+        self._cut = {}
+
+    def __getitem__(self, i: int):
+        i = range(len(self))[i]  # negative indices as a list's; IndexError past the end
+        if i not in self._cut:
+            self._cut[i] = visible_columns(self._scores[i][self._row], self._pad, self._prefix)
+        return self._cut[i]
+
+    def __len__(self):
+        return len(self._scores)
+
+
+def _visible_positions(x: mx.array, pad: int, prefix: int) -> mx.array:
+    """(1, heads, positions, dim) of one row without its padding positions."""
+    if not prefix:
+        return x[:, :, pad:]
+    return mx.concatenate([x[:, :, :prefix], x[:, :, prefix + pad :]], axis=2)
+
+
+class _Row:
+    def __init__(self, index: int, request: Request, sampler: Sampler, number: int = 0):
+        self.index, self.request, self.sampler = index, request, sampler
+        self.key = mx.random.key(request.seed)
+        self.queue: deque = deque()  # (token, logprob, strategy, metrics) chosen but not yet fed
+        self.result = RowResult(prompt_tokens=len(request.prompt), row=number)
+        self.logits = self.scores = None  # the row's view of its last forward pass
+        self.own_cache = None  # set when the row's state lives outside the batch
+        self.spawn: list = []  # (token, logprob, metrics) alternatives chosen this step
+        sampler.reset()
+
+    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "_Row":
+        """A row that takes `token` instead of this row's last decision, at the
+        same position. Its key chain is its own, fixed by the request's seed,
+        the position and the token (so it does not depend on the batch)."""
+        at = self.split_point
+        seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
+        row = _Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
+        res, mine = row.result, self.result
+        res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
+        res.strategies, res.metrics = mine.strategies[:at], mine.metrics[:at]
+        res.parent, res.split = mine.row, at
+        row._record(token, logprob, "branch", metrics)
+        if token in self.eos:
+            res.tokens.pop(), res.logprobs.pop(), res.strategies.pop(), res.metrics.pop()
+            res.finish_reason = "eos"
+        elif len(res.tokens) >= self.request.max_tokens:
+            res.finish_reason = "length"
+        return row
+
+    def _record(self, token, logprob, strategy, metrics=None):
+        self.result.tokens.append(token)
+        self.result.logprobs.append(logprob)
+        self.result.strategies.append(strategy)
+        self.result.metrics.append(metrics or {})
+
+    def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:
+        """The step and key of this row's next sampler decision; None while
+        tokens of an earlier decision are still queued."""
+        if self.queue:
+            return None
+        # The key chain of `generate`: one split per sampler decision.
+        self.key, step_key = mx.random.split(self.key)
+        return Step(self.logits, self.scores, self.result.tokens, model, row_cache), step_key
+
+    def step(self, eos: set, choice: Choice | None) -> int | None:
+        """Take `choice` (None: feed the queue). Returns the token to feed next;
+        None when the row has finished or has advanced itself (then `own_cache`
+        is set)."""
+        res, limit = self.result, self.request.max_tokens
+        self.spawn, self.eos = [], eos
+        if choice is not None:
+            res.thinking_insertions += bool(getattr(choice, "inserted", False))
+            tokens = choice.tokens[: limit - len(res.tokens)]
+            ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
+            if choice.advanced is None and len(tokens) == 1:
+                self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
+            if ends:  # the row's last tokens: recorded now, none of them needs a forward pass
+                for token, logprob in zip(tokens, choice.logprobs, strict=False):
+                    if token in eos:
+                        res.finish_reason = "eos"
+                        return None
+                    self._record(token, logprob, choice.strategy, choice.metrics)
+                res.finish_reason = "length"
+                return None
+            if choice.advanced is not None:
+                for token, logprob in zip(tokens, choice.logprobs, strict=False):
+                    self._record(token, logprob, choice.strategy, choice.metrics)
+                cache, logits, scores = choice.advanced
+                self.own_cache = list(cache)
+                self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
+                return None
+            self.queue.extend(
+                (t, lp, choice.strategy, choice.metrics) for t, lp in zip(tokens, choice.logprobs, strict=False)
+            )
+        token, logprob, strategy, metrics = self.queue.popleft()
+        if token in eos:
+            res.finish_reason = "eos"
+            return None
+        self._record(token, logprob, strategy, metrics)
+        if len(res.tokens) >= limit:
+            res.finish_reason = "length"
+            return None
+        return token
+
+    @property
+    def finished(self) -> bool:
+        return self.result.finish_reason != "running"

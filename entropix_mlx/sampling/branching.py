@@ -1,0 +1,73 @@
+"""deliberate's branch policy: greedy decisions that record the selectors' inputs
+and, on the root answer, propose the alternative tokens that start branches."""
+
+import math
+
+import mlx.core as mx
+
+from .deliberate_config import DeliberateConfig
+from .entropix import top_candidates
+from .metrics import logits_entropy
+from .samplers import Choice, Step, sanitize_logits
+
+GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+
+
+class BranchSampler:
+    """Greedy, recording each step's entropy, varentropy and margin
+    p(top1) - p(top2) (the selectors' inputs). The root row's sampler
+    (`spawns=True`) also proposes the alternatives that start branches."""
+
+    name = "deliberate"
+    deliberates = True  # `generate` runs a whole deliberation with it (deliberate_stream.py)
+
+    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True, source: str = "defaults"):
+        self.config = config or DeliberateConfig()
+        self.spawns = spawns
+        self.config_source = f"deliberate settings: {source}"
+        self.reset()
+
+    def reset(self):
+        self.points = 0  # uncertain positions branched at, after the first token
+        self.branches = 0  # branch rows started by this answer
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        c = self.config
+        logits, _ = sanitize_logits(step.logits)
+        logprobs = logits - mx.logsumexp(logits)
+        entropy, varentropy = logits_entropy(logits)
+        k = min(logprobs.shape[-1], max(2, c.first_alternatives + 1, c.alternatives + 1))
+        values, ids = top_candidates(logprobs, k)
+        mx.eval(entropy, varentropy, values, ids)
+        values, ids = values.tolist(), ids.tolist()
+        metrics = {
+            "entropy": entropy.item(),
+            "varentropy": varentropy.item(),
+            "margin": math.exp(values[0]) - math.exp(values[1]),
+        }
+        spawn = self._alternatives(len(step.tokens), metrics, values, ids) if self.spawns else []
+        metrics["spawned"] = len(spawn)
+        return Choice(
+            [ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=[(t, lp, metrics) for t, lp in spawn]
+        )
+
+    def _alternatives(self, position: int, metrics: dict, values: list, ids: list) -> list:
+        """The branches to start here: (token, logprob) of the next most likely tokens."""
+        c = self.config
+        if position == 0 and c.first_alternatives:
+            n = c.first_alternatives
+        elif position > 0 and self.points < c.max_branch_points and self.uncertain(metrics):
+            n = c.alternatives
+        else:
+            return []
+        n = min(n, c.max_candidates - 1 - self.branches)
+        floor = math.log(c.min_probability) if c.min_probability > 0 else -math.inf
+        spawn = [(t, lp) for t, lp in zip(ids[1 : n + 1], values[1 : n + 1], strict=False) if lp >= floor]
+        if spawn:
+            self.branches += len(spawn)
+            self.points += position > 0
+        return spawn
+
+    def uncertain(self, metrics: dict) -> bool:
+        c = self.config
+        return metrics["entropy"] > c.branch_entropy or metrics["varentropy"] > c.branch_varentropy

@@ -1,0 +1,221 @@
+"""Per-model calibration: measure the metrics on varied prompts, derive thresholds.
+
+Thresholds hand-tuned for one model and vocabulary (the reference's, for
+Llama-3.2-1B) put another model in one state nearly all the time. Calibration
+runs the model over PROMPTS (short answers, sampled with the reference base
+parameters so the text looks like real use), records the six metrics at every
+step, and sets each threshold at a quantile of the measured distribution, so
+that every strategy gets a share of the tokens (QUANTILES below says which).
+The result goes to the model's card, `models/<name>.toml`, written atomically.
+"""
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..files import write_atomic
+from .metrics import METRIC_NAMES
+
+# Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
+# writing, advice, definitions, translation, open questions, chit-chat.
+PROMPTS = (
+    "What is the capital of Australia?",
+    "What is 17 + 25? Answer with the number.",
+    "Which number is larger, 9.9 or 9.11?",
+    "If I have 3 apples and eat one, how many are left? Explain briefly.",
+    "Write a Python function that reverses a string.",
+    "List three uses of a paperclip.",
+    "Write a short poem about the sea.",
+    "Tell me a story about a robot who learns to paint.",
+    "Give me one tip for sleeping better.",
+    "Explain what photosynthesis is in one sentence.",
+    "Translate 'good morning' into French.",
+    "What is the meaning of life?",
+    "Hi! How are you today?",
+    "Describe the color blue to someone who cannot see.",
+    "Why is the sky blue?",
+    "Suggest a name for a coffee shop.",
+)
+
+
+# Where each threshold sits: the q-quantile of the named metric over all
+# recorded steps. think_varentropy is special: the q-quantile of varentropy
+# among the steps whose entropy is above medium_entropy ("of the uncertain
+# steps, the flattest 30% think"), because high entropy never comes with a low
+# varentropy in absolute terms. On SmolLM2-135M this gives about 30% argmax,
+# 10% think, 11% branch, 7% resample and 42% adaptive decisions; a branch
+# accepts branch_rollout_tokens tokens, so its share of tokens is larger.
+QUANTILES = {
+    "low_entropy": ("entropy", 0.45),
+    "low_varentropy": ("varentropy", 0.45),
+    "medium_entropy": ("entropy", 0.65),
+    "high_entropy": ("entropy", 0.88),
+    "high_varentropy": ("varentropy", 0.88),
+    "think_varentropy": ("varentropy", 0.30),  # conditional, see above
+}
+
+
+REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+
+
+def collect(
+    model, tokenizer, prompts=PROMPTS, max_tokens: int = 24, seed: int = 0, attention_layers="all", progress=None
+) -> dict[str, np.ndarray]:
+    """Every step's six metrics over short sampled answers to `prompts`;
+    `progress(i, n)` is called before each prompt."""
+    from ..decode.generate import generate
+    from .config import SamplerConfig
+    from .samplers import TemperatureSampler
+
+    base = SamplerConfig()
+    sampler = TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p)
+    if attention_layers != "all":
+        raise NotImplementedError("calibration records the default layer choice ('all')")
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if progress:
+            progress(i, len(prompts))
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        for event in generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed + i):
+            rows.append([event.metrics[n] for n in METRIC_NAMES])
+    data = np.array(rows, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
+    return {name: data[:, j] for j, name in enumerate(METRIC_NAMES)}
+
+
+def thresholds(samples: dict[str, np.ndarray], quantiles=QUANTILES) -> dict[str, float]:
+    """Threshold values at the configured quantiles, kept in the order the
+    config requires (low <= medium <= high)."""
+    t = {
+        name: float(np.quantile(samples[metric], q))
+        for name, (metric, q) in quantiles.items()
+        if name != "think_varentropy"
+    }
+    t["medium_entropy"] = max(t["medium_entropy"], t["low_entropy"])
+    t["high_entropy"] = max(t["high_entropy"], t["medium_entropy"])
+    t["high_varentropy"] = max(t["high_varentropy"], t["low_varentropy"])
+    uncertain = samples["varentropy"][samples["entropy"] > t["medium_entropy"]]
+    metric, q = quantiles["think_varentropy"]
+    t["think_varentropy"] = float(np.quantile(uncertain, q)) if len(uncertain) else t["low_varentropy"]
+    return {k: round(v, 4) for k, v in t.items()}
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+OWN_TABLES = ("sampler", "calibration")
+
+
+def other_tables(text: str) -> str:
+    """The parts of an existing card that calibration does not write: every
+    top-level table other than [sampler] and [calibration] (e.g. [tuning], a
+    [deliberate] table), with its sub-tables and the comment lines just above
+    its header, verbatim. Recalibrating must not drop them."""
+    kept, block, keep, pending = [], [], False, []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            top = stripped.strip("[]").split(".")[0].strip().strip('"')
+            if keep:
+                kept.extend(block)
+            block, keep = pending + [line], top not in OWN_TABLES
+            pending = []
+        elif stripped.startswith("[["):  # an array-of-tables header: part of its block
+            block += pending + [line]
+            pending = []
+        elif stripped.startswith("#") or not stripped:
+            pending.append(line)  # may belong to the next header
+        else:
+            block += pending + [line]
+            pending = []
+    if keep:
+        kept.extend(block + pending)
+    return "\n".join(kept).strip("\n")
+
+
+def card_text(
+    model_name: str,
+    samples: dict[str, np.ndarray],
+    sampler_fields: dict,
+    n_prompts: int,
+    max_tokens: int,
+    extra: str = "",
+) -> str:
+    lines = [
+        f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
+        "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
+        f"name = {toml_value(model_name)}",
+        "",
+        "[sampler]",
+        *(f"{k} = {toml_value(v)}" for k, v in sampler_fields.items()),
+        "",
+        "[calibration]",
+        f"date = {toml_value(datetime.date.today().isoformat())}",
+        f"prompts = {n_prompts}",
+        f"max_tokens = {max_tokens}",
+        f"steps = {len(samples['entropy'])}",
+        "quantiles = " + toml_value(list(REPORTED_QUANTILES)),
+        "thresholds_at = { "
+        + ", ".join(f'{k} = "{m} q{q:g}"' for k, (m, q) in QUANTILES.items())
+        + " }  # think_varentropy: among steps with entropy > medium_entropy",
+        "",
+        "# The measured distribution of each metric, at the quantiles above.",
+        "[calibration.metrics]",
+    ]
+    for name in METRIC_NAMES:
+        values = [round(float(v), 4) for v in np.quantile(samples[name], REPORTED_QUANTILES)]
+        lines.append(f"{name} = {toml_value(values)}")
+    if extra:
+        lines += ["", extra]
+    return "\n".join(lines) + "\n"
+
+
+def write_card(path, text: str) -> Path:
+    """Replace the card atomically: a half-written card is never read."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, text)
+
+
+def calibrate(
+    model,
+    tokenizer,
+    model_name: str,
+    out=None,
+    prompts=PROMPTS,
+    max_tokens: int = 24,
+    seed: int = 0,
+    samples: dict | None = None,
+    progress=None,
+) -> tuple[Path, dict, dict]:
+    """Measure, derive thresholds, write the card; returns (path, thresholds, samples).
+
+    Settings already in an existing card other than the thresholds (e.g. its
+    thinking_text, tuned strategy parameters) are kept, and so are its other
+    tables ([tuning], [deliberate], ...)."""
+    from .cards import card_path
+    from .config import SamplerConfig, read_toml
+
+    path = Path(out) if out else card_path(model_name)
+    if samples is None:
+        samples = collect(model, tokenizer, prompts, max_tokens, seed, progress=progress)
+    found = thresholds(samples)
+    kept, extra = {}, ""
+    if path.is_file():
+        old = read_toml(path).get("sampler", {})
+        kept = {k: v for k, v in old.items() if k not in found}
+        extra = other_tables(path.read_text())
+    fields = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}
+    SamplerConfig().replace(**fields)  # never write a card the sampler would reject
+    write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
+    return path, found, samples

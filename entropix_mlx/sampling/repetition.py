@@ -1,0 +1,56 @@
+"""Repetition units: how often the n-gram a token would complete already occurred in
+the answer, the measure Entropix's scores penalise."""
+
+from collections import Counter
+
+
+def repeat_counts(history: list[int], n: int) -> Counter:
+    """For each token: its repetition units if it came next, the number of
+    earlier occurrences in `history` of the n-gram it would complete (the last
+    n - 1 tokens + it), plus, for the longest such repeat, one unit for every
+    token by which the repeated span is longer than n. So copying a phrase
+    costs more with every token copied: the k-th token of a second copy of a
+    phrase (k >= n) costs k - n + 1 units, and a loop cannot outlast the
+    penalty however likely the model finds it (a count alone charged one unit
+    per token of a second copy, which a confident model pays easily)."""
+    counts = Counter()
+    if n == 1:
+        counts.update(history)
+        return counts
+    if len(history) < n:
+        return counts
+    end = len(history)
+    tail = history[end - (n - 1) :]
+    first = tail[0]
+    longest: dict[int, int] = {}
+    for i in range(end - n + 1):
+        if history[i] == first and history[i : i + n - 1] == tail:
+            t = history[i + n - 1]
+            counts[t] += 1
+            extra = 0  # how much further back the match goes
+            while i - extra - 1 >= 0 and history[i - extra - 1] == history[end - n - extra]:
+                extra += 1
+            longest[t] = max(longest.get(t, 0), extra)
+    for t, extra in longest.items():
+        counts[t] += extra
+    return counts
+
+
+def _units_along(history: list[int], path: list[int], n: int):
+    """Each token's repetition units (`repeat_counts`) after history + the path before it."""
+    seq = list(history)
+    for t in path:
+        yield repeat_counts(seq, n).get(t, 0)
+        seq.append(t)
+
+
+def first_repeat(history: list[int], path: list[int], n: int) -> int:
+    """The index of the first token of `path` that has repetition units after
+    history + the path before it; len(path) when none has."""
+    return next((i for i, units in enumerate(_units_along(history, path, n)) if units), len(path))
+
+
+def path_repeats(history: list[int], path: list[int], n: int) -> int:
+    """Repetition units a path of tokens adds: the sum over its tokens of their
+    `repeat_counts` units after history + the path before them."""
+    return sum(_units_along(history, path, n))

@@ -1,0 +1,192 @@
+"""deliberate's answer selection: the candidates, how each answer is read and
+scored, and which one is kept."""
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from ..decode.rows import RowResult
+
+
+@dataclass
+class Candidate:
+    row: int
+    parent: int | None  # None: the greedy answer
+    split: int | None  # index of the first token that differs from the parent
+    tokens: list[int]
+    text: str
+    answer: str | None  # what the answer extractor read from the text
+    logprobs: list[float]
+    margins: list[float]
+    finish_reason: str
+    own_tokens: int  # tokens this row generated itself (after its split)
+    mean_logprob: float = 0.0
+    answer_margin: float = 0.0  # mean margin over the answer's tokens (CoT-decoding)
+    # The same means without the first token, which a branch did not choose
+    # freely: how sure the model is of the path once it is on it.
+    continuation_logprob: float = 0.0
+    continuation_margin: float = 0.0
+    branched_at: list[int] = field(default_factory=list)  # positions where this row spawned branches
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Deliberation:
+    candidates: list[Candidate]  # the greedy answer first
+    chosen: int  # index into candidates
+    reason: str
+    scores: dict  # the selector's score per distinct answer
+
+    @property
+    def tokens_spent(self) -> int:
+        return sum(c.own_tokens for c in self.candidates)
+
+    @property
+    def longest(self) -> int:
+        return max(len(c.tokens) for c in self.candidates)
+
+    @property
+    def winner(self) -> Candidate:
+        return self.candidates[self.chosen]
+
+    def to_dict(self) -> dict:
+        return {
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "scores": self.scores,
+            "tokens_spent": self.tokens_spent,
+            "branches": len(self.candidates) - 1,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+_NUMBER = re.compile(r"[-\u2212]?\d+(?:\.\d+)?")
+
+
+def default_answer(text: str) -> str | None:
+    """Without a task: the last number in the text (so that "5.0" and "5" agree),
+    else its first non-empty line in lower case without punctuation."""
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    if numbers:
+        value = numbers[-1].replace("\u2212", "-")
+        return value.rstrip("0").rstrip(".") if "." in value else value
+    line = next((s for s in text.splitlines() if s.strip()), "")
+    return " ".join(re.sub(r"[^\w\s]", " ", line.lower()).split()) or None
+
+
+def answer_token_span(tokenizer, tokens: list[int], answer: str | None) -> list[int]:
+    """Indices of the tokens that spell the last occurrence of `answer` in the
+    text (CoT-decoding scores the answer's tokens only); all tokens when the
+    answer is not written verbatim."""
+    if not answer or not tokens:
+        return list(range(len(tokens)))
+    ends = [len(tokenizer.decode(tokens[: i + 1])) for i in range(len(tokens))]
+    text = tokenizer.decode(tokens)
+    start = text.lower().rfind(answer.lower())
+    if start < 0:
+        return list(range(len(tokens)))
+    stop = start + len(answer)
+    begins = [0] + ends[:-1]
+    return [i for i in range(len(tokens)) if begins[i] < stop and ends[i] > start] or list(range(len(tokens)))
+
+
+def answer_scores(candidates: list[Candidate], selector: str) -> dict:
+    """Score of each distinct answer (None, no answer, never scores):
+
+    - greedy: 1 for the greedy answer;
+    - margin: sum over its candidates of their answer margin (CoT-decoding);
+    - max_margin: the best answer margin among its candidates;
+    - logprob: the best mean log-probability (nats) among its candidates;
+    - vote: how many candidates give it;
+    - weighted_vote: sum over its candidates of exp(mean log-probability);
+    - continuation_logprob, continuation_margin: the best mean log-probability
+      or margin after the first token among its candidates."""
+    scores: dict = {}
+    for c in candidates:
+        if c.answer is None:
+            continue
+        if selector == "greedy":
+            value, combine = float(c.parent is None), max
+        elif selector == "margin":
+            value, combine = c.answer_margin, _add
+        elif selector == "max_margin":
+            value, combine = c.answer_margin, max
+        elif selector == "logprob":
+            value, combine = c.mean_logprob, max
+        elif selector == "vote":
+            value, combine = 1.0, _add
+        elif selector == "weighted_vote":
+            value, combine = math.exp(c.mean_logprob), _add
+        elif selector == "continuation_logprob":
+            value, combine = c.continuation_logprob, max
+        elif selector == "continuation_margin":
+            value, combine = c.continuation_margin, max
+        else:
+            raise ValueError(f"unknown selector {selector!r}")
+        scores[c.answer] = combine(scores[c.answer], value) if c.answer in scores else value
+    return scores
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _add(a, b):
+    return a + b
+
+
+def select(candidates: list[Candidate], selector: str, margin: float = 0.0) -> tuple[int, str, dict]:
+    """(index of the chosen candidate, why, the answers' scores). The greedy
+    answer (candidates[0]) stays unless another answer scores more than
+    `margin` above it; then the best candidate (mean log-probability) giving
+    that answer wins."""
+    scores = answer_scores(candidates, selector)
+    greedy = candidates[0].answer
+    if not scores:
+        return 0, "no candidate has an answer: kept the greedy one", scores
+    best = max(scores, key=lambda a: (scores[a], a == greedy))
+    base = scores.get(greedy, -math.inf)
+    if best == greedy or scores[best] - base <= margin:
+        return 0, f"greedy answer kept ({selector} {_fmt(base)}; best other within {margin:g})", scores
+    index = max((i for i, c in enumerate(candidates) if c.answer == best), key=lambda i: candidates[i].mean_logprob)
+    return (
+        index,
+        (
+            f"{selector} {_fmt(scores[best])} for {best!r} beats the greedy answer's "
+            f"{_fmt(base)} by more than {margin:g}"
+        ),
+        scores,
+    )
+
+
+def _fmt(x: float) -> str:
+    return "none" if x == -math.inf else f"{x:.3f}"
+
+
+def candidate_from(result: RowResult, tokenizer, answer_of) -> Candidate:
+    text = tokenizer.decode(result.tokens)
+    answer = answer_of(text)
+    logprobs = [lp if lp is not None else 0.0 for lp in result.logprobs]
+    margins = [m.get("margin", 0.0) for m in result.metrics]
+    span = answer_token_span(tokenizer, result.tokens, answer)
+    split = result.split
+    rest = slice(1, None) if len(logprobs) > 1 else slice(None)
+    return Candidate(
+        row=result.row,
+        parent=result.parent,
+        split=split,
+        tokens=list(result.tokens),
+        text=text,
+        answer=answer,
+        logprobs=logprobs,
+        margins=margins,
+        finish_reason=result.finish_reason,
+        own_tokens=len(result.tokens) - (split or 0),
+        mean_logprob=sum(logprobs) / len(logprobs) if logprobs else 0.0,
+        answer_margin=sum(margins[i] for i in span) / len(span) if span else 0.0,
+        continuation_logprob=_mean(logprobs[rest]),
+        continuation_margin=_mean(margins[rest]),
+        branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
+    )
