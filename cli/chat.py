@@ -14,9 +14,9 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.chat import Conversation
+from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.sampling.registry import SAMPLER_NAMES
 
 from . import render
 from .run import (

@@ -11,9 +11,9 @@ from typing import Annotated
 import typer
 
 from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
-from entropix_mlx.sampling.registry import SAMPLER_NAMES
 
 from .run import WeightsOpt
 
@@ -181,7 +181,7 @@ def eval_command(
 
         resolve_config(source.name, config)
 
-    from entropix_mlx.sampling.registry import make_sampler
+    from entropix_mlx.decode.registry import make_sampler
 
     from .run import load_model
 

@@ -19,11 +19,11 @@ from entropix_mlx.accel.weights import WEIGHT_FORMATS, default_weights
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
+from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import DEFAULT_MODEL, load, resolve
 from entropix_mlx.sampling.config import PRESETS, resolve_config
-from entropix_mlx.sampling.registry import SAMPLER_NAMES, make_sampler
 
 from . import render
 from .deliberation import deliberation_progress

@@ -13,10 +13,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 from entropix_mlx.decode.generate import generate
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.eval import bench
 from entropix_mlx.eval import profile as profiling
-from entropix_mlx.sampling.registry import make_sampler
 
 FIGURES = ("prefill_tps", "first_token_s", "decode_tps", "peak_memory_gb")
 

@@ -7,11 +7,11 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx import files
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.eval import tune as tuning
 from entropix_mlx.sampling import calibrate as cal
 from entropix_mlx.sampling.config import SamplerConfig, load_toml
 from entropix_mlx.sampling.metrics import METRIC_NAMES
-from entropix_mlx.sampling.registry import make_sampler
 
 
 def synthetic_samples(n=1000, seed=0):

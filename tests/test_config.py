@@ -2,9 +2,9 @@
 
 import pytest
 
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling.config import SamplerConfig, load_toml, resolve_config
-from entropix_mlx.sampling.registry import make_sampler
 
 
 @pytest.mark.parametrize(

@@ -228,12 +228,12 @@ def test_config_from_a_table_the_card_and_overrides(tmp_path):
 
 
 def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, tiny_tokenizer):
-    from entropix_mlx.decode.deliberate import DeliberateGeneration
+    from entropix_mlx.decode.deliberate import DeliberateGeneration, Deliberator
     from entropix_mlx.decode.generate import generate as make_generation
     from entropix_mlx.model.cache import make_cache
 
     prompt = prompt_of(tiny_tokenizer, TEXTS[2])
-    sampler = BranchSampler(DeliberateConfig(first_alternatives=2, branch_entropy=0.0, max_branch_points=1))
+    sampler = Deliberator(DeliberateConfig(first_alternatives=2, branch_entropy=0.0, max_branch_points=1))
     fresh = make_generation(model, tiny_tokenizer, prompt, sampler, max_tokens=6)
     assert isinstance(fresh, DeliberateGeneration)
     expected = [e.token for e in fresh]

@@ -11,11 +11,11 @@ import pytest
 from test_entropix import ALWAYS_BRANCH, ATTENTION, FLAT, greedy_path, path_logprobs, smooth_model
 
 from entropix_mlx.decode.generate import generate
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.sampling.config import SamplerConfig
 from entropix_mlx.sampling.entropix import EntropixSampler, decide
 from entropix_mlx.sampling.metrics import step_metrics
-from entropix_mlx.sampling.registry import make_sampler
 from entropix_mlx.sampling.repetition import path_repeats, repeat_counts
 from entropix_mlx.sampling.samplers import GreedySampler, Step
 

@@ -15,10 +15,10 @@ from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
 from entropix_mlx.decode.engine import generate_batch
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import ModelSource
-from entropix_mlx.sampling.registry import make_sampler
 from entropix_mlx.sampling.samplers import Choice
 
 # -- metrics of one output ----------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.sampling.metrics import METRIC_NAMES
-from entropix_mlx.sampling.registry import make_sampler
 from entropix_mlx.sampling.samplers import Step
 
 SHAPES = ("random", "nan", "posinf", "neginf_all_but_one", "all_equal", "one_hot", "all_nan", "all_neginf", "huge")

@@ -7,8 +7,8 @@ from conftest import make_tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
+from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.model.cache import make_cache
-from entropix_mlx.sampling.registry import SAMPLER_NAMES
 from entropix_mlx.server.prefix_cache import PrefixCache
 from entropix_mlx.server.schema import APIError, parse
 from entropix_mlx.server.stops import StopScanner

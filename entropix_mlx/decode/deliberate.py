@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..errors import ConfigError
-from ..sampling.branching import BranchSampler
+from ..sampling.branching import GREEDY_PARAMS, BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
 from .engine import generate_batch
-from .events import Summary, TokenEvent
+from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
 
 
@@ -187,12 +187,18 @@ class DeliberateGeneration:
     written, so it still holds only that start afterwards."""
 
     def __init__(
-        self, model, tokenizer, prompt_tokens: list[int], sampler, max_tokens: int = 256, seed: int = 0, cache=None
+        self,
+        model,
+        tokenizer,
+        prompt_tokens: list[int],
+        config: DeliberateConfig,
+        max_tokens: int = 256,
+        seed: int = 0,
+        cache=None,
     ):
         if len(prompt_tokens) == 0:
             raise ConfigError("the prompt has no tokens; give some text")
-        self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
-        self.config = sampler.config
+        self.model, self.tokenizer, self.config = model, tokenizer, config
         self.prompt_tokens, self.max_tokens, self.seed = list(prompt_tokens), max_tokens, seed
         self.cache = cache
         self.tokens: list[int] = []
@@ -239,21 +245,11 @@ class DeliberateGeneration:
         """The chosen candidate's tokens as events, with the strategy that explains each."""
         d = self.deliberation
         winner = d.winner
-        detokenizer = self.tokenizer.detokenizer
-        detokenizer.reset()
-        for i, (token, strategy) in enumerate(zip(winner.tokens, token_strategies(d), strict=False)):
-            detokenizer.add_token(token)
-            if i == len(winner.tokens) - 1:
-                detokenizer.finalize()
+        text = TextStream(self.tokenizer)
+        for i, (token, strategy) in enumerate(zip(winner.tokens, token_strategies(d), strict=True)):
+            piece = text.add(token, last=i == len(winner.tokens) - 1)
             metrics = {"margin": winner.margins[i]} if i < len(winner.margins) else {}
-            event = TokenEvent(
-                token,
-                detokenizer.last_segment,
-                strategy,
-                winner.logprobs[i],
-                metrics,
-                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
-            )
+            event = TokenEvent(token, piece, strategy, winner.logprobs[i], metrics, dict(GREEDY_PARAMS))
             self.tokens.append(token)
             self.events.append(event)
             yield event
@@ -276,3 +272,20 @@ class DeliberateGeneration:
             budget=self.config.budget,
             deliberation=d.to_dict() if d else None,
         )
+
+
+class Deliberator:
+    """`deliberate` as a decoder (see `generate.Decoder`): it answers by branching
+    over whole answers, so it has no per-step decision to put in a shared batch."""
+
+    name = "deliberate"
+
+    def __init__(self, config: DeliberateConfig | None = None, source: str = "defaults"):
+        self.config = config or DeliberateConfig()
+        self.config_source = f"deliberate settings: {source}"
+
+    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None) -> DeliberateGeneration:
+        return DeliberateGeneration(model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache)
+
+    def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
+        return eval_rows(model, tokenizer, requests, self.config, answer_of, batch_size, prefix)

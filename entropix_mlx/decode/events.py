@@ -1,4 +1,6 @@
-"""JSON-ready data for `run --json`, the server and exports."""
+"""What a decoder hands out: `TokenEvent` per token (the record `run --json` and
+the server write), `Summary` per answer, `TextStream` (token ids to text as they
+come), and `plain` (their values as JSON-safe Python ones)."""
 
 import math
 from dataclasses import asdict, dataclass, field
@@ -13,6 +15,9 @@ class TokenEvent:
     metrics: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
     note: str = ""  # what the sampler repaired (NaN logits...), "" when nothing
+    # The most likely tokens where the sampler chose this one, when recorded
+    # (the server's top_logprobs): (token, logprob) pairs; not part of the record.
+    top: list = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
         d = {
@@ -58,3 +63,25 @@ def plain(value):
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+class TextStream:
+    """Token ids to text as they come, with mlx-lm's streaming detokenizer: a
+    token may complete no text yet (the middle of a UTF-8 sequence), and the
+    last one flushes what is held back."""
+
+    def __init__(self, tokenizer):
+        self.detokenizer = tokenizer.detokenizer  # a fresh copy per caller (mlx-lm)
+        self.detokenizer.reset()
+
+    def add(self, token: int, last: bool = False) -> str:
+        self.detokenizer.add_token(token)
+        if last:
+            self.detokenizer.finalize()
+        return self.detokenizer.last_segment
+
+    def flush(self) -> str:
+        """What is still held back, at the end of an answer cut short."""
+        before = self.detokenizer.text
+        self.detokenizer.finalize()
+        return self.detokenizer.text[len(before) :]

@@ -7,43 +7,16 @@ raised inside the loop still leaves the counts of what was yielded).
 
 import time
 from collections import Counter
+from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
 
 from ..errors import ConfigError
 from ..model.cache import make_cache
 from ..sampling.samplers import Sampler, Step
-from .events import Summary, TokenEvent
-
-PREFILL_CHUNK = 2048
-
-
-# Prompts up to this many tokens run in one pass. Each pass reads every weight
-# once (0.54 GB at float32 for the bundled model), so for a short prompt the
-# split below (the body, then the last token alone) costs a second pass: on
-# the CPU backend that doubled the prefill time of an eval item or a chat turn.
-# Up to this length the pending last-row scores hold at most ~18 MB of queries.
-SINGLE_PASS_TOKENS = 256
-
-
-def prefill(model, tokens: list[int], cache):
-    """Run the prompt through the model; returns the last position's (logits, scores).
-
-    A short prompt runs in one pass (logits of the last position only). A
-    longer one goes as in mlx-lm: every token but the last only fills the
-    cache, in chunks so peak memory stays bounded (only the cache is evaluated;
-    MLX is lazy, so those positions' logits and attention scores are never
-    computed), then the last token runs alone for the logits and scores. In one
-    pass, the pending last-row scores would hold every layer's full query block
-    until the end.
-    """
-    if len(tokens) <= SINGLE_PASS_TOKENS:
-        return model(mx.array([tokens]), cache, last_only=True)
-    for start in range(0, len(tokens) - 1, PREFILL_CHUNK):
-        chunk = tokens[start : min(start + PREFILL_CHUNK, len(tokens) - 1)]
-        model(mx.array([chunk]), cache, last_only=True)
-        mx.eval([(c.keys, c.values) for c in cache])
-    return model(mx.array([tokens[-1:]]), cache)
+from .engine import generate_batch
+from .events import Summary, TextStream, TokenEvent
+from .prefill import prefill
 
 
 class Generation:
@@ -76,8 +49,7 @@ class Generation:
             return
         model, cache, eos = self.model, self.cache, self.tokenizer.eos_token_ids
         self.sampler.reset()
-        detokenizer = self.tokenizer.detokenizer
-        detokenizer.reset()
+        text = TextStream(self.tokenizer)
         key = mx.random.key(self.seed)
         mx.reset_peak_memory()
 
@@ -106,23 +78,16 @@ class Generation:
                 else:
                     logits, scores = model(mx.array([tokens]), cache)
                 mx.async_eval(logits, scores)
-            for token, logprob in zip(tokens, choice.logprobs, strict=False):
+            for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):
                 if token in eos:
                     self.finish_reason = "eos"
                     self._gen_time = time.perf_counter() - self._gen_start
                     return
-                detokenizer.add_token(token)
                 self.tokens.append(token)
-                if len(self.tokens) == self.max_tokens:
-                    detokenizer.finalize()  # the last token: flush held-back bytes
+                piece = text.add(token, last=len(self.tokens) == self.max_tokens)
+                top = getattr(choice, "top", None) if i == 0 else None  # alternatives where the sampler chose
                 event = TokenEvent(
-                    token,
-                    detokenizer.last_segment,
-                    choice.strategy,
-                    logprob,
-                    choice.metrics,
-                    choice.params,
-                    choice.note,
+                    token, piece, choice.strategy, logprob, choice.metrics, choice.params, choice.note, top or []
                 )
                 self.events.append(event)
                 self._gen_time = time.perf_counter() - self._gen_start
@@ -149,9 +114,41 @@ class Generation:
         )
 
 
-def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None) -> Generation:
-    if getattr(sampler, "deliberates", False):  # branches over whole answers: see deliberate.py
-        from .deliberate import DeliberateGeneration
+@runtime_checkable
+class Decoder(Protocol):
+    """Whatever answers prompts: `generate` one answer as a stream of events,
+    `answer_rows` many at once for `eval` (yielding `(index, RowResult, seconds)`
+    as answers complete). A per-step sampler becomes one through `StepDecoder`;
+    `deliberate` is one of its own (decode/deliberate.py)."""
 
-        return DeliberateGeneration(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)
-    return Generation(model, tokenizer, prompt_tokens, sampler, max_tokens, seed, cache)
+    name: str
+
+    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None): ...
+
+    def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None): ...
+
+
+class StepDecoder:
+    """A per-step sampler as a decoder: one answer through `Generation`, many
+    through the batch engine with one sampler per slot from `make_sampler`."""
+
+    def __init__(self, sampler: Sampler, make_sampler=None):
+        self.sampler, self.name = sampler, getattr(sampler, "name", "sampler")
+        self.make_sampler = make_sampler or (lambda: sampler)
+
+    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None) -> Generation:
+        return Generation(model, tokenizer, prompt_tokens, self.sampler, max_tokens, seed, cache)
+
+    def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
+        return generate_batch(model, tokenizer, requests, self.make_sampler, batch_size, prefix=prefix)
+
+
+def as_decoder(sampler, make_sampler=None) -> Decoder:
+    """`sampler` itself when it decodes whole answers, else its `StepDecoder`."""
+    return sampler if isinstance(sampler, Decoder) else StepDecoder(sampler, make_sampler)
+
+
+def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None):
+    """One answer to `prompt_tokens` (after what `cache` holds): iterate it for
+    `TokenEvent`s; `summary()` at any time."""
+    return as_decoder(sampler).generate(model, tokenizer, prompt_tokens, max_tokens, seed, cache)

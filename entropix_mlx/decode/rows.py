@@ -1,3 +1,6 @@
+"""One row of the batch engine: a request being answered, its sampler, its key
+chain, what it has produced, and its view of the batch's last forward pass."""
+
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,12 +27,15 @@ class RowResult:
     thinking_insertions: int = 0
     prompt_tokens: int = 0
     metrics: list = field(default_factory=list)  # per generated token, the sampler's metrics dict
+    params: list = field(default_factory=list)  # per generated token, the sampling parameters used
+    notes: list = field(default_factory=list)  # per generated token, what the sampler repaired ("" if nothing)
+    tops: list = field(default_factory=list)  # per generated token, the most likely tokens if recorded
     row: int = 0  # this row's number within the call
     parent: int | None = None  # spawned rows: the row they branched from
     split: int | None = None  # spawned rows: index of their first own token
 
 
-class _RowCache(Sequence):
+class RowCache(Sequence):
     """One row of a group's BatchKVCache as a list of batch-1 `KVCache`s, made on
     first use (most steps never touch it). The keys are lazy slices: reading
     them copies nothing, and writes go to new arrays, never to the batch."""
@@ -46,8 +52,8 @@ class _RowCache(Sequence):
                 layer = KVCache(max_size)
                 keys, values = c.keys_and_values()
                 p = getattr(c, "prefix_len", 0)  # a shared prefix sits before the padding
-                layer.keys = _visible_positions(keys[row : row + 1, :, :length], pad, p)
-                layer.values = _visible_positions(values[row : row + 1, :, :length], pad, p)
+                layer.keys = visible_positions(keys[row : row + 1, :, :length], pad, p)
+                layer.values = visible_positions(values[row : row + 1, :, :length], pad, p)
                 layer.offset = length - pad
                 self._layers.append(layer)
         return self._layers
@@ -59,7 +65,7 @@ class _RowCache(Sequence):
         return len(self._args[0])
 
 
-class _RowScores(Sequence):
+class RowScores(Sequence):
     """One row's per-layer attention scores (heads, visible keys), cut out of the
     batch's scores when a sampler first reads a layer: greedy without metrics
     never does, and cutting every row of every layer is 240 ops a step for 8
@@ -79,48 +85,63 @@ class _RowScores(Sequence):
         return len(self._scores)
 
 
-def _visible_positions(x: mx.array, pad: int, prefix: int) -> mx.array:
+def visible_positions(x: mx.array, pad: int, prefix: int) -> mx.array:
     """(1, heads, positions, dim) of one row without its padding positions."""
     if not prefix:
         return x[:, :, pad:]
     return mx.concatenate([x[:, :, :prefix], x[:, :, prefix + pad :]], axis=2)
 
 
-class _Row:
-    def __init__(self, index: int, request: Request, sampler: Sampler, number: int = 0):
+class Row:
+    def __init__(
+        self, index: int, request: Request, sampler: Sampler, number: int = 0, prefix_cache=None, prefix_len: int = 0
+    ):
         self.index, self.request, self.sampler = index, request, sampler
+        self.prefix_cache, self.prefix_len = prefix_cache, prefix_len  # what its prompt starts from
+        self.pooled = False  # its sampler goes back to the batch's pool when it finishes
         self.key = mx.random.key(request.seed)
-        self.queue: deque = deque()  # (token, logprob, strategy, metrics) chosen but not yet fed
+        self.queue: deque = deque()  # (token, logprob, choice, first) chosen but not yet fed
         self.result = RowResult(prompt_tokens=len(request.prompt), row=number)
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None  # set when the row's state lives outside the batch
         self.spawn: list = []  # (token, logprob, metrics) alternatives chosen this step
-        sampler.reset()
+        if sampler is not None:  # else the engine gives it a pooled one
+            sampler.reset()
 
-    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "_Row":
+    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "Row":
         """A row that takes `token` instead of this row's last decision, at the
         same position. Its key chain is its own, fixed by the request's seed,
         the position and the token (so it does not depend on the batch)."""
         at = self.split_point
         seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
-        row = _Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
+        row = Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
         res, mine = row.result, self.result
         res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
         res.strategies, res.metrics = mine.strategies[:at], mine.metrics[:at]
+        res.params, res.notes, res.tops = mine.params[:at], mine.notes[:at], mine.tops[:at]
         res.parent, res.split = mine.row, at
-        row._record(token, logprob, "branch", metrics)
         if token in self.eos:
-            res.tokens.pop(), res.logprobs.pop(), res.strategies.pop(), res.metrics.pop()
             res.finish_reason = "eos"
-        elif len(res.tokens) >= self.request.max_tokens:
+            return row
+        row._record(token, logprob, "branch", metrics)
+        if len(res.tokens) >= self.request.max_tokens:
             res.finish_reason = "length"
         return row
 
-    def _record(self, token, logprob, strategy, metrics=None):
-        self.result.tokens.append(token)
-        self.result.logprobs.append(logprob)
-        self.result.strategies.append(strategy)
-        self.result.metrics.append(metrics or {})
+    def _record(self, token, logprob, strategy, metrics=None, params=None, note="", top=None):
+        res = self.result
+        res.tokens.append(token)
+        res.logprobs.append(logprob)
+        res.strategies.append(strategy)
+        res.metrics.append(metrics or {})
+        res.params.append(params or {})
+        res.notes.append(note)
+        res.tops.append(top or [])
+
+    def _take(self, token, logprob, choice, first: bool):
+        # Alternatives are known only where the sampler itself chose: a choice's first token.
+        top = getattr(choice, "top", None) if first else None
+        self._record(token, logprob, choice.strategy, choice.metrics, choice.params, choice.note, top)
 
     def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:
         """The step and key of this row's next sampler decision; None while
@@ -144,28 +165,28 @@ class _Row:
             if choice.advanced is None and len(tokens) == 1:
                 self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
             if ends:  # the row's last tokens: recorded now, none of them needs a forward pass
-                for token, logprob in zip(tokens, choice.logprobs, strict=False):
+                for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):
                     if token in eos:
                         res.finish_reason = "eos"
                         return None
-                    self._record(token, logprob, choice.strategy, choice.metrics)
+                    self._take(token, logprob, choice, i == 0)
                 res.finish_reason = "length"
                 return None
             if choice.advanced is not None:
-                for token, logprob in zip(tokens, choice.logprobs, strict=False):
-                    self._record(token, logprob, choice.strategy, choice.metrics)
+                for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):
+                    self._take(token, logprob, choice, i == 0)
                 cache, logits, scores = choice.advanced
                 self.own_cache = list(cache)
                 self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
                 return None
             self.queue.extend(
-                (t, lp, choice.strategy, choice.metrics) for t, lp in zip(tokens, choice.logprobs, strict=False)
+                (t, lp, choice, i == 0) for i, (t, lp) in enumerate(zip(tokens, choice.logprobs, strict=False))
             )
-        token, logprob, strategy, metrics = self.queue.popleft()
+        token, logprob, choice, first = self.queue.popleft()
         if token in eos:
             res.finish_reason = "eos"
             return None
-        self._record(token, logprob, strategy, metrics)
+        self._take(token, logprob, choice, first)
         if len(res.tokens) >= limit:
             res.finish_reason = "length"
             return None

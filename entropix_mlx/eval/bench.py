@@ -45,8 +45,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..decode.generate import generate
+from ..decode.registry import make_sampler
 from ..errors import ConfigError
-from ..sampling.registry import make_sampler
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
 

@@ -3,8 +3,8 @@ import time
 
 import mlx.core as mx
 
+from ..decode.registry import make_sampler
 from ..sampling.metrics import step_metrics
-from ..sampling.registry import make_sampler
 from ..sampling.samplers import Step
 from .bench import bench_prompt
 

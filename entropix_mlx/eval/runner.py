@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from ..decode.engine import generate_batch
+from ..decode.generate import as_decoder
 from ..decode.rows import Request
 from ..errors import ConfigError
 from .scoring import score
@@ -147,7 +147,7 @@ class ResultStore:
 def default_sampler_factory(tokenizer, config: EvalConfig) -> Callable:
     """`make_sampler(name)` with the model's card, metrics off for baselines, and
     greedy's log-probabilities too: the records never hold them."""
-    from ..sampling.registry import make_sampler
+    from ..decode.registry import make_sampler
 
     return lambda name: make_sampler(
         name, tokenizer=tokenizer, model_name=config.model_name, metrics=False, logprobs=False
@@ -205,23 +205,16 @@ def run_eval(
         if not todo:
             continue
         requests = [Request(prompt_of[t.index], item_seed(seed, t.index), config.max_tokens) for t in todo]
-        sampler = make_sampler(name)
-        if getattr(sampler, "deliberates", False):  # whole-answer branches, the answer read per candidate
-            from ..decode.deliberate import eval_rows
-
-            rows = eval_rows(
-                model,
-                tokenizer,
-                requests,
-                sampler.config,
-                lambda i, text, todo=todo: score(text, todo[i], cot=config.cot)[0],
-                config.batch_size,
-                prefix,
-            )
-        else:
-            rows = generate_batch(
-                model, tokenizer, requests, lambda name=name: make_sampler(name), config.batch_size, prefix=prefix
-            )
+        decoder = as_decoder(make_sampler(name), lambda name=name: make_sampler(name))
+        # A decoder that compares whole answers (deliberate) reads each candidate's answer as scoring does.
+        rows = decoder.answer_rows(
+            model,
+            tokenizer,
+            requests,
+            config.batch_size,
+            prefix,
+            lambda i, text, todo=todo: score(text, todo[i], cot=config.cot)[0],
+        )
         for i, result, seconds in rows:
             task = todo[i]
             output = tokenizer.decode(result.tokens)

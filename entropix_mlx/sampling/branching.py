@@ -19,12 +19,10 @@ class BranchSampler:
     (`spawns=True`) also proposes the alternatives that start branches."""
 
     name = "deliberate"
-    deliberates = True  # `generate` runs a whole deliberation with it (deliberate_stream.py)
 
-    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True, source: str = "defaults"):
+    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True):
         self.config = config or DeliberateConfig()
         self.spawns = spawns
-        self.config_source = f"deliberate settings: {source}"
         self.reset()
 
     def reset(self):

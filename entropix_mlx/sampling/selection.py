@@ -5,8 +5,6 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from ..decode.rows import RowResult
-
 
 @dataclass
 class Candidate:
@@ -165,7 +163,8 @@ def _fmt(x: float) -> str:
     return "none" if x == -math.inf else f"{x:.3f}"
 
 
-def candidate_from(result: RowResult, tokenizer, answer_of) -> Candidate:
+def candidate_from(result, tokenizer, answer_of) -> Candidate:
+    """A finished row (`decode.rows.RowResult`) as a candidate answer."""
     text = tokenizer.decode(result.tokens)
     answer = answer_of(text)
     logprobs = [lp if lp is not None else 0.0 for lp in result.logprobs]

@@ -24,9 +24,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..decode.prompt import encode_chat, encode_raw
+from ..decode.registry import SAMPLER_NAMES, make_sampler
 from ..errors import ConfigError
 from ..sampling.config import THRESHOLDS, resolve_config
-from ..sampling.registry import SAMPLER_NAMES, make_sampler
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse

@@ -1,13 +1,11 @@
 """The server's model owner: one worker thread runs every generation.
 
-Requests are queued (`Engine.submit`); the worker admits them into a batch
-(batched.py: batch.py's continuous batching, streaming per row) as slots free
-up, and hands each token to its request's asyncio queue as soon as it is
-produced. Only this thread touches the model, the detokenizers and the prefix
-cache, so requests share no mutable state and outputs cannot mix. A sampler
-that runs its own batches over whole answers (`deliberate`) runs alone,
-through `generate`, between batches. Throughput with 1 and 8 clients: README,
-"Server and web page".
+Requests are queued (`Engine.submit`); the worker admits them into the batch
+engine (batched.py, streaming per row) as slots free up, and hands each token
+to its request's asyncio queue as soon as it is produced. Only this thread
+touches the model, the detokenizers and the prefix cache, so requests share no
+mutable state and outputs cannot mix. A decoder that runs its own batches over
+whole answers (`deliberate`) runs alone, between batches.
 
 A job is cancelled (its client went away) by setting `cancelled`; the worker
 cuts its row at the next step, and skips a job cancelled while queued.
@@ -20,11 +18,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..decode.generate import generate
+from ..decode.generate import StepDecoder, as_decoder
 from ..errors import ContextOverflowError, EntropixError
 from .batched import BatchRunner
 from .prefix_cache import PrefixCache
-from .recorder import Recorder
 from .responses import chat_logprob, record
 from .stops import StopScanner
 
@@ -99,8 +96,8 @@ class Engine:
                     waiting.popleft()
                     self.cancelled += 1
                     continue
-                if getattr(job.sampler, "deliberates", False):
-                    # A sampler that runs its own batches over whole answers: alone, between batches.
+                if not isinstance(as_decoder(job.sampler), StepDecoder):
+                    # A decoder that runs its own batches over whole answers: alone, between batches.
                     if not runner.idle:
                         break
                     waiting.popleft()
@@ -133,23 +130,20 @@ class Engine:
             self.served += 1
 
     def _run(self, job: Job):
-        """One request alone, through `generate` (for samplers that are not per step)."""
+        """One request alone, through its decoder's own generation (for decoders
+        that compare whole answers: they record no per-step alternatives)."""
         cache, cached = self.prefix_cache.take(job.ids)
-        sampler = Recorder(job.sampler, job.top_logprobs)
-        generation = generate(
-            self.model, self.tokenizer, job.ids[cached:], sampler, max_tokens=job.max_tokens, seed=job.seed, cache=cache
-        )
+        decoder = as_decoder(job.sampler)
+        generation = decoder.generate(self.model, self.tokenizer, job.ids[cached:], job.max_tokens, job.seed, cache)
         self.emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
         scanner = StopScanner(job.stop)
         finish = None
         try:
             for event in generation:
-                # A sampler that decides whole answers (deliberate) makes no per-step choices to record.
-                top = sampler.pending.popleft()[2] if sampler.pending else None
                 entry = None
                 if job.logprobs:
                     with self.tokenizer_lock:
-                        entry = chat_logprob(self.tokenizer, event, top)
+                        entry = chat_logprob(self.tokenizer, event, event.top)
                 text, hit = scanner.feed(event.text)
                 self.emit(job, "token", record(event), entry, text)
                 if hit:

@@ -6,8 +6,10 @@ the tokens as JSON data, no network needed to open it."""
 import json
 from importlib import resources
 
+from ..decode.registry import SAMPLER_NAMES
 from ..sampling.config import THRESHOLDS, resolve_config
-from ..sampling.registry import SAMPLER_NAMES
+from .recorder import recording
+from .responses import record
 from .strategies import page_info
 
 STATIC = resources.files("entropix_mlx.server") / "static"
@@ -53,28 +55,24 @@ class AnswerRecorder:
     ALTERNATIVES = 5
 
     def __init__(self, sampler, tokenizer):
-        from .recorder import Recorder
-        from .responses import record
-
-        self._record = record
-        self.sampler = Recorder(sampler, self.ALTERNATIVES)
+        self.chooser = sampler
+        self.sampler = recording(sampler, self.ALTERNATIVES)
         self.tokenizer = tokenizer
         self.tokens: list[dict] = []
 
     def add(self, event):
-        top = self.sampler.pending.popleft()[2] if self.sampler.pending else []
-        alternatives = [{"token": self.tokenizer.decode([t]), "logprob": lp} for t, lp in top]
-        self.tokens.append({**self._record(event), "alternatives": alternatives})
+        alternatives = [{"token": self.tokenizer.decode([t]), "logprob": lp} for t, lp in event.top]
+        self.tokens.append({**record(event), "alternatives": alternatives})
 
     def html(self, model_name: str, seed: int, messages: list[dict], summary: str) -> str:
         return export_html(
             {
                 "model": model_name,
-                "sampler": self.sampler.name,
+                "sampler": self.chooser.name,
                 "seed": seed,
                 "messages": messages,
                 "tokens": self.tokens,
                 "summary": summary,
-                "info": info_for(model_name, self.sampler.sampler),
+                "info": info_for(model_name, self.chooser),
             }
         )

@@ -1,42 +1,64 @@
-"""What each sampler decision used and saw, kept per token for the server's
-records and logprobs (batch.py and generate keep the strategy, metrics and
-logprob, not the rest)."""
-
-from collections import deque
+"""The k most likely next tokens at each decision, for the server's top_logprobs."""
 
 import mlx.core as mx
 
+from ..sampling.samplers import TwoPhaseSampler, plans_in_two_phases
+
+
+def _top(logits: mx.array, k: int):
+    """The k most likely tokens under the model (natural log, before temperature
+    or filtering: the distribution of `TokenEvent.logprob`), lazily."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs)
+    k = min(k, logprobs.shape[-1])
+    ids = mx.argpartition(-logprobs, k - 1)[:k]
+    return ids, logprobs[ids]
+
+
+def _pairs(ids, values) -> list:
+    return sorted(zip(ids.tolist(), values.tolist(), strict=True), key=lambda p: -p[1])
+
 
 class Recorder:
-    """Wraps a sampler to record, token by token, what each decision used and
-    saw: the sampling parameters, the note, and the k most likely next tokens
-    with their log-probabilities under the model (natural log, before
-    temperature or filtering: the distribution of `TokenEvent.logprob`). A
-    choice of several tokens (a branch rollout, a thinking insertion) has
-    alternatives only for its first token. batch.py keeps none of this."""
+    """Wraps a sampler: each choice carries `top`, its first token's k most
+    likely alternatives (the rest of a several-token choice, a branch rollout
+    or a thinking insertion, has none)."""
 
     def __init__(self, sampler, k: int):
         self.sampler, self.k = sampler, k
-        self.pending: deque = deque()  # per chosen token: (params, note, top)
-
-    def __getattr__(self, name):  # name, config, deliberates...: the wrapped sampler's
-        if name == "sampler":  # not set yet (a copy being made): no endless recursion
-            raise AttributeError(name)
-        return getattr(self.sampler, name)
+        self.name = getattr(sampler, "name", "sampler")
 
     def reset(self):
         self.sampler.reset()
-        self.pending.clear()
 
     def choose(self, step, key):
         choice = self.sampler.choose(step, key)
-        top = []
-        if self.k:
-            logprobs = step.logits.astype(mx.float32)
-            logprobs = logprobs - mx.logsumexp(logprobs)
-            k = min(self.k, logprobs.shape[-1])
-            ids = mx.argpartition(-logprobs, k - 1)[:k]
-            top = sorted(zip(ids.tolist(), logprobs[ids].tolist(), strict=False), key=lambda p: -p[1])
-        for i, _ in enumerate(choice.tokens):  # alternatives only where the model chose
-            self.pending.append((choice.params, choice.note, top if i == 0 else []))
+        choice.top = _pairs(*_top(step.logits, self.k))
         return choice
+
+
+class TwoPhaseRecorder(TwoPhaseSampler):
+    """A `Recorder` for a two-phase sampler: the alternatives are computed in its
+    plan, so the batch still decides every row in one host sync."""
+
+    def __init__(self, sampler, k: int):
+        self.sampler, self.k = sampler, k
+        self.name = getattr(sampler, "name", "sampler")
+
+    def reset(self):
+        self.sampler.reset()
+
+    def plan(self, step, key):
+        return {"plan": self.sampler.plan(step, key), "top": _top(step.logits, self.k)}
+
+    def finish(self, step, plan):
+        choice = self.sampler.finish(step, plan["plan"])
+        choice.top = _pairs(*plan["top"])
+        return choice
+
+
+def recording(sampler, k: int):
+    """`sampler` with its choices' alternatives recorded (itself when k is 0)."""
+    if not k:
+        return sampler
+    return TwoPhaseRecorder(sampler, k) if plans_in_two_phases(sampler) else Recorder(sampler, k)

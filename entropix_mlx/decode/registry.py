@@ -1,12 +1,12 @@
-"""Samplers by name: `make_sampler("entropix", ...)` for the CLI, eval and bench.
-
-Kept apart from samplers.py (the protocol and the baselines) and entropix.py
-(the Entropix sampler), which therefore never import each other in a circle."""
+"""Samplers by name, for the CLI, eval, bench and the server: the per-step
+samplers, and `deliberate`, a decoder of its own (`Deliberator`)."""
 
 from ..errors import ConfigError
-from .config import resolve_config
-from .entropix import EntropixSampler
-from .samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
+from ..sampling.config import resolve_config
+from ..sampling.deliberate_config import resolve_deliberate
+from ..sampling.entropix import EntropixSampler
+from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
+from .deliberate import Deliberator
 
 BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
 
@@ -29,12 +29,9 @@ def make_sampler(
     overrides = {k: v for k, v in overrides.items() if v is not None}
     logprobs = overrides.pop("logprobs", True)  # only greedy can do without: the others sample with them
     if name == "deliberate":  # greedy branches: settings from [deliberate], overrides such as budget
-        from .branching import BranchSampler
-        from .deliberate_config import resolve_deliberate
-
         overrides.pop("metrics", None)
         cfg, source = resolve_deliberate(model_name, config, **overrides)
-        return BranchSampler(cfg, source=source)
+        return Deliberator(cfg, source)
     if name == "entropix":
         overrides.pop("metrics", None)  # Entropix always needs its metrics
         cfg, source = resolve_config(model_name, config, **overrides)
