@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from entropix_mlx.decode import generate as generate_module
+from entropix_mlx.decode import prefill as prefill_module
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
 from entropix_mlx.model.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache, trim_cache
@@ -138,12 +138,12 @@ def test_decode_across_the_growth_boundary_equals_full_pass(tiny_model):
 
 def test_chunked_prefill_equals_full_pass(tiny_model, monkeypatch):
     """generate's prefill feeds long prompts in chunks; positions stay contiguous."""
-    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 4)
-    monkeypatch.setattr(generate_module, "SINGLE_PASS_TOKENS", 2)
+    monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(prefill_module, "SINGLE_PASS_TOKENS", 2)
     tokens = [int(t) for t in np.random.default_rng(3).integers(3, 259, size=11)]
     for n in (8, 9, 11):  # a multiple of the chunk, one past it, and a remainder
         cache = make_cache(tiny_model)
-        logits, scores = generate_module.prefill(tiny_model, tokens[:n], cache)
+        logits, scores = prefill_module.prefill(tiny_model, tokens[:n], cache)
         assert cache_length(cache) == n
         assert_same((logits, scores), full_forward_last(tiny_model, tokens[:n]))
 
@@ -151,14 +151,14 @@ def test_chunked_prefill_equals_full_pass(tiny_model, monkeypatch):
 def test_short_prompt_prefills_in_one_pass(tiny_model, monkeypatch):
     """A prompt up to SINGLE_PASS_TOKENS is one forward pass (each pass reads
     every weight), with the same logits, scores and cache as the full pass."""
-    monkeypatch.setattr(generate_module, "SINGLE_PASS_TOKENS", 9)
+    monkeypatch.setattr(prefill_module, "SINGLE_PASS_TOKENS", 9)
     calls = []
     counting = lambda *a, **k: calls.append(a[0].shape) or type(tiny_model).__call__(tiny_model, *a, **k)  # noqa: E731
     tokens = [int(t) for t in np.random.default_rng(4).integers(3, 259, size=10)]
     for n, passes in ((1, 1), (9, 1), (10, 2)):
         calls.clear()
         cache = make_cache(tiny_model)
-        out = generate_module.prefill(counting, tokens[:n], cache)
+        out = prefill_module.prefill(counting, tokens[:n], cache)
         assert len(calls) == passes and cache_length(cache) == n
         assert_same(out, full_forward_last(tiny_model, tokens[:n]))
 
