@@ -1,4 +1,8 @@
-"""Entry point: `entropix-mlx COMMAND`. Each command lives in its own module."""
+"""Entry point: `entropix-mlx COMMAND`. Each command lives in its own module.
+
+The command modules import MLX, which binds its BLAS on that first import, so they are
+imported only inside `main()`, after `enable()` has put the CPU fast path in place.
+"""
 
 import os
 import sys
@@ -7,6 +11,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not 
 
 import typer
 
+from entropix_mlx.accel import enable
 from entropix_mlx.errors import EntropixError
 
 from .signals import exit_code, interrupts_raise
@@ -41,21 +46,14 @@ def _options(
     """Entropy-aware sampling for Llama-family models on MLX."""
 
 
-from . import bench as _bench  # noqa: E402
-from . import calibrate as _calibrate  # noqa: E402
-from . import chat as _chat  # noqa: E402
-from . import eval as _eval  # noqa: E402
-from . import models_cmd as _models  # noqa: E402
-from . import run as _run  # noqa: E402  (each module registers its command on `app`)
-from . import serve as _serve  # noqa: E402
+def register_commands():
+    """Import every command's module and add its command to `app`, once."""
+    if app.registered_commands:
+        return
+    from . import bench, calibrate, chat, doctor, eval, models_cmd, run, serve
 
-_run.register(app)
-_chat.register(app)
-_models.register(app)
-_calibrate.register(app)
-_bench.register(app)
-_eval.register(app)
-_serve.register(app)
+    for module in (run, chat, models_cmd, calibrate, bench, eval, serve, doctor):
+        module.register(app)
 
 
 def fail(message: str, code: int = 2):
@@ -68,6 +66,8 @@ def main(argv: list[str] | None = None):
     """Run the app. Every user error ends as one `error: ...` line and exit code 2:
     ours (EntropixError) and Click's usage errors alike, which Typer would
     otherwise draw as a multi-line box. Ctrl-C exits 130, SIGTERM 143."""
+    enable()
+    register_commands()
     try:
         with interrupts_raise():
             code = app(args=argv, standalone_mode=False)

@@ -9,6 +9,11 @@ compare every selector and candidate set offline on that file.
 import argparse
 import json
 
+# ruff: noqa: E402  (the imports after enable())
+import entropix_mlx.accel
+
+entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
+
 from entropix_mlx.decode.deliberate import deliberate_batch
 from entropix_mlx.sampling.deliberate_config import SELECTORS, DeliberateConfig
 from entropix_mlx.sampling.selection import Candidate, select

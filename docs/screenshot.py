@@ -6,6 +6,11 @@ the CLI's own render functions into a recording Rich console.
 
 from pathlib import Path
 
+# ruff: noqa: E402  (the imports after enable())
+import entropix_mlx.accel
+
+entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
+
 from entropix_mlx.cli import render
 from entropix_mlx.cli.run import build_sampler, header, load_model, prompt_tokens
 from rich.console import Console

@@ -1,8 +1,11 @@
 """Shared fixtures: tiny random-weight Llama models (milliseconds) and, for the
 few integration tests, the real bundled model (loaded once per session)."""
 
+# ruff: noqa: E402  (every import but the first comes after enable())
 # isort: off
-import entropix_mlx  # noqa: F401  (first: it loads the system BLAS before mlx.core binds its own)
+import entropix_mlx.accel
+
+entropix_mlx.accel.enable()  # first: the system BLAS must be loaded before mlx.core binds its own
 
 # isort: on
 import signal

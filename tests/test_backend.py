@@ -17,15 +17,15 @@ from entropix_mlx.model.cache import make_cache
 
 
 def _blas_in_subprocess(env_value: str | None, extra: str = "", env_extra: dict | None = None, after: str = "") -> dict:
-    """blas_info() of a fresh interpreter, with ENTROPIX_BLAS set as given; `after`
-    runs once entropix_mlx is imported (its output is not read)."""
+    """enable()'s answer in a fresh interpreter, with ENTROPIX_BLAS set as given; `extra`
+    runs before it, `after` once it ran (its output is not read)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM")}
     if env_value is not None:
         env["ENTROPIX_BLAS"] = env_value
     env.update(env_extra or {})
-    code = extra + "import json, entropix_mlx.accel.blas as b; " + after + "print(json.dumps(b.blas_info()))"
+    code = extra + "import json, entropix_mlx.accel as accel; i = accel.enable(); " + after + "print(json.dumps(i))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -65,7 +65,7 @@ assert worst < 1e-3, worst
 # With the shim's OpenMP kernel, OpenBLAS runs on one thread (the shim splits the big
 # products over its own threads); without it, OpenBLAS keeps its threads (2, set below).
 _THREADS_CHECK = (
-    "import ctypes; i = b.blas_info(); "
+    "import ctypes; "
     "n = ctypes.CDLL(i['path']).openblas_get_num_threads(); "
     "assert n == (1 if i['thin_gemm'] else 2), n; "
 )
@@ -80,15 +80,25 @@ def test_matmuls_are_exact_through_whatever_blas_runs():
 def test_shim_is_built_cached_and_exact(tmp_path):
     import shutil
 
-    if not (shutil.which("cc") or shutil.which("gcc")):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
         pytest.skip("no C compiler on this machine")
-    env = {"XDG_CACHE_HOME": str(tmp_path), "OPENBLAS_NUM_THREADS": "2"}
+    calls = tmp_path / "calls"
+    recording = tmp_path / "cc-recording"
+    recording.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {cc} "$@"\n')
+    recording.chmod(0o755)
+    env = {"XDG_CACHE_HOME": str(tmp_path), "OPENBLAS_NUM_THREADS": "2", "CC": str(recording)}
     info = _blas_in_subprocess(None, env_extra=env, after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK)
     assert info["name"] == "OpenBLAS" and info["shim"] and info["shim_reason"] == ""
     assert info["shim"].startswith(str(tmp_path / "entropix-mlx"))
-    # The second process finds the cached library and compiles nothing (no compiler needed).
-    again = _blas_in_subprocess(None, env_extra={**env, "CC": "/bin/false"})
-    assert again["shim"] == info["shim"]
+    built = calls.read_text()
+    assert "-fopenmp" in built
+    # The second process finds the cached library and compiles nothing.
+    again = _blas_in_subprocess(None, env_extra=env)
+    assert again["shim"] == info["shim"] and calls.read_text() == built
+    # Another compiler command (here: other flags in CC) is another library, built anew.
+    other = _blas_in_subprocess(None, env_extra={**env, "CC": f"{recording} -DENTROPIX_SHUFFLE_MASKS"})
+    assert other["shim"] and other["shim"] != info["shim"] and "-DENTROPIX_SHUFFLE_MASKS" in calls.read_text()
 
 
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")

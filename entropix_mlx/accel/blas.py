@@ -1,14 +1,22 @@
+"""A system OpenBLAS, and the shim in front of it, put where MLX's CPU backend finds them.
+
+MLX calls `cblas_sgemm` from whichever library comes first in the process's global symbol
+scope when `mlx.core` is first imported. `load_blas()` (what `entropix_mlx.accel.enable()`
+runs) loads OpenBLAS with `RTLD_GLOBAL` before that, with the shim (blas_shim.c, built by
+build.py) ahead of it: no `LD_PRELOAD`, no rebuild of MLX. Once mlx.core is imported its
+BLAS is bound, so a later call loads nothing and its reason says so. Nothing here runs on
+import: loading native code into the whole process and running the compiler are the
+caller's decision. Never fails: without OpenBLAS, MLX keeps its own BLAS.
+"""
+
 import ctypes
 import ctypes.util
-import hashlib
 import os
 import platform
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from .build import build_shim
 
 # Where distributions put OpenBLAS (the pthread build first: it uses every core).
 _ARCH = platform.machine()
@@ -24,10 +32,13 @@ OPENBLAS_CANDIDATES = (
 )
 
 
+NOT_ENABLED = "entropix_mlx.accel.enable() was not called"
+MLX_FIRST = "mlx.core was imported before entropix_mlx.accel.enable(); MLX's own BLAS is already bound"
+
 _blas: dict = {
     "name": None,
     "path": None,
-    "reason": "not loaded yet",
+    "reason": NOT_ENABLED,
     "shim": None,
     "shim_reason": "",
     "thin_gemm": False,
@@ -37,22 +48,19 @@ _blas: dict = {
 _shim_library = None  # the loaded shim (its call counter, for tests)
 
 
-SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
-
-
 _OFF = ("none", "off", "0", "false")
 
 
 def load_blas() -> dict:
-    """Load a system OpenBLAS into the global symbol scope, once, before MLX.
-    Never fails: without one, MLX keeps its own BLAS. Returns `blas_info()`."""
-    if _blas["reason"] != "not loaded yet":
+    """Load a system OpenBLAS (and the shim) into the global symbol scope, once, before
+    MLX. Returns `blas_info()`: what runs, or why nothing was loaded."""
+    if _blas["reason"] != NOT_ENABLED:
         return blas_info()
     if sys.platform != "linux":
         _blas.update(reason="not Linux: MLX uses the platform's BLAS (Accelerate on macOS)")
         return blas_info()
     if "mlx.core" in sys.modules:
-        _blas.update(reason="mlx.core was imported before entropix_mlx; its BLAS is already bound")
+        _blas.update(reason=MLX_FIRST)
         return blas_info()
     wanted = os.environ.get("ENTROPIX_BLAS", "").strip()
     if wanted.lower() in _OFF:
@@ -81,43 +89,6 @@ def load_blas() -> dict:
     return blas_info()
 
 
-def _build_shim() -> tuple[str | None, str]:
-    """blas_shim.c compiled to a shared library, once: cached by its content under
-    ~/.cache/entropix-mlx (else the temp folder). Returns (path, "") or (None, why not)."""
-    source = SHIM_SOURCE.read_bytes()
-    name = f"blas_shim-{hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]}.so"
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folders = (Path(cache_home) / "entropix-mlx", Path(tempfile.gettempdir()) / f"entropix-mlx-{os.getuid()}")
-    for folder in folders:
-        if (folder / name).exists():
-            return str(folder / name), ""
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
-    if not compiler[0]:
-        return None, "no C compiler (cc) to build it"
-    why = "no writable cache folder"
-    for folder in folders:
-        partial = folder / f".{name}.{os.getpid()}"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for flags in (["-fopenmp"], ["-DENTROPIX_NO_THREADS"]):  # without OpenMP: the GEMV part only
-                done = subprocess.run(
-                    [*compiler, "-O3", *flags, "-shared", "-fPIC", "-o", str(partial), str(SHIM_SOURCE)],
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                if done.returncode == 0:
-                    break
-            if done.returncode != 0:
-                partial.unlink(missing_ok=True)
-                return None, f"{compiler[0]} could not build it: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
-            os.replace(partial, folder / name)  # whole or not at all, also with two processes at once
-            return str(folder / name), ""
-        except (OSError, subprocess.SubprocessError) as e:
-            why = f"cannot build it in {folder}: {e}"
-    return None, why
-
-
 def _load_shim(openblas) -> tuple[str | None, str]:
     """Build and load the shim in front of `openblas` (loaded, not yet global).
     Returns (its path, "") or (None, why plain OpenBLAS runs)."""
@@ -127,7 +98,7 @@ def _load_shim(openblas) -> tuple[str | None, str]:
         sgemm, sgemv = openblas.cblas_sgemm, openblas.cblas_sgemv
     except AttributeError:
         return None, "this OpenBLAS has no cblas_sgemv"
-    path, why = _build_shim()
+    path, why = build_shim()
     if path is None:
         return None, why
     set_threads = getattr(openblas, "openblas_set_num_threads", None)  # the shim's OpenMP threads replace them
@@ -152,6 +123,11 @@ def blas_info() -> dict:
     "shim": the shim's path or None, "shim_reason": why none, "",
     "thin_gemm": whether the shim's few-row kernel runs}."""
     return dict(_blas)
+
+
+def blas_refused() -> str:
+    """Why the fast path could not run although it was asked for (for headers), or ""."""
+    return "OpenBLAS not loaded: mlx.core was imported before enable()" if _blas["reason"] == MLX_FIRST else ""
 
 
 def blas_name() -> str:

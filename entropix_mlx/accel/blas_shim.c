@@ -19,8 +19,8 @@
  *     OpenBLAS's cblas_sgemv;
  *   - anything else (long prompts, column-major, a prompt's attention products): OpenBLAS, on
  *     one thread, the big products split over the same OpenMP threads (split_sgemm).
- * backend.py compiles this file once, hands it OpenBLAS's functions, and puts it
- * first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
+ * blas.py (through build.py) compiles this file once, hands it OpenBLAS's functions, and puts
+ * it first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
  */
 #if defined(_OPENMP)
 #include <omp.h>
@@ -53,14 +53,25 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v8_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 #define LOAD8(p) (*(const v8_unaligned *)(p))
 
+/* Lanes of two vectors picked by index. GCC has __builtin_shufflevector only from GCC 12 (Ubuntu
+   22.04 ships GCC 11); its older __builtin_shuffle takes the same indices as a vector, and Clang
+   has only the former. Both just move lanes, so the sums below are the same bit for bit.
+   -DENTROPIX_SHUFFLE_MASKS forces the older form, to test it with a newer GCC. */
+#if defined(__clang__) || (__GNUC__ >= 12 && !defined(ENTROPIX_SHUFFLE_MASKS))
+#define SHUFFLE8(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+typedef int v8i __attribute__((vector_size(32)));
+#define SHUFFLE8(x, y, ...) __builtin_shuffle(x, y, (v8i){__VA_ARGS__})
+#endif
+
 /* Eight sums of eight lanes in one vector: out[j] = the sum of v_j's lanes, always in the order
    ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), whichever tile the vectors come from (a row's
    numbers must not depend on the rows sharing its product). Three rounds of pairwise adds across
    the eight vectors, ~12 instructions for eight outputs where summing each vector alone took ~8
    an output: 5-7% off the 210 layer products of 8-64 rows (in-process A/B, 15 runs each). */
 VECTOR static inline __attribute__((always_inline)) v8 sum8(v8 a, v8 b, v8 c, v8 d, v8 e, v8 f, v8 g, v8 h) {
-#define EVENS(x, y) __builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14)
-#define ODDS(x, y) __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15)
+#define EVENS(x, y) SHUFFLE8(x, y, 0, 2, 8, 10, 4, 6, 12, 14)
+#define ODDS(x, y) SHUFFLE8(x, y, 1, 3, 9, 11, 5, 7, 13, 15)
     /* neighbours: t0 = [a01 a23 b01 b23 | a45 a67 b45 b67] */
     v8 t0 = EVENS(a, b) + ODDS(a, b), t1 = EVENS(c, d) + ODDS(c, d);
     v8 t2 = EVENS(e, f) + ODDS(e, f), t3 = EVENS(g, h) + ODDS(g, h);
@@ -69,8 +80,7 @@ VECTOR static inline __attribute__((always_inline)) v8 sum8(v8 a, v8 b, v8 c, v8
 #undef EVENS
 #undef ODDS
     /* low halves + high halves: [a b c d e f g h] */
-    return __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+    return SHUFFLE8(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE8(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 /* C[0..R) x [0..COLS) = alpha A[0..R) . B[0..COLS)^T + beta C, over K: R activation rows

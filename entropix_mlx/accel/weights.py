@@ -3,11 +3,9 @@
 On Linux, MLX runs on its CPU backend. There its quantized matmul is the
 bottleneck (a 4-bit matmul costs the same per row whatever the batch), while a
 float32 matmul goes to `cblas_sgemm`. The `mlx[cpu]` wheel links a slow
-reference BLAS; a system OpenBLAS is 5-10x faster. Loading it with
-`RTLD_GLOBAL` *before* `mlx.core` is first imported puts its `cblas_sgemm` first
-in the process's global symbol scope, so MLX's calls resolve to it: no
-`LD_PRELOAD`, no rebuild. So this module must not import MLX at module level,
-and `entropix_mlx/__init__.py` calls `load_blas()` before anything else.
+reference BLAS; a system OpenBLAS is 5-10x faster. `entropix_mlx.accel.enable()`
+(blas.py) loads it before `mlx.core` is first imported, so MLX's calls resolve
+to it. So this module must not import MLX at module level.
 
 Weights: `native` keeps the file's format (quantized stays quantized);
 `float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
@@ -26,9 +24,10 @@ over the cores with OpenMP), the attention's tiny products of a decode step to
 small kernels on the calling thread, other single-row and single-column products
 to `cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
 the system C compiler (which MLX's CPU backend already uses for its own
-kernels), cached, and put in the global scope ahead of OpenBLAS. Without OpenMP
-it is built single-threaded and keeps only the GEMV part; without a compiler,
-or if anything fails, plain OpenBLAS runs.
+kernels) into the user's cache folder (build.py), and put in the global scope
+ahead of OpenBLAS. Without OpenMP it is built single-threaded and keeps only the
+GEMV part; without a compiler, with an unsafe cache folder, or if anything
+fails, plain OpenBLAS runs.
 
 Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
 nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
@@ -38,7 +37,7 @@ nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
 import os
 import sys
 
-from .blas import blas_info, blas_name
+from .blas import blas_info, blas_name, blas_refused
 
 WEIGHT_FORMATS = ("auto", "native", "float32")
 
@@ -89,15 +88,26 @@ def choose_weights(requested: str, model) -> str:
     requested = check_weights(requested)
     if requested != "auto":
         return requested
-    if mx.default_device() != mx.cpu:
-        return "native"
-    if not blas_info()["name"] and sys.platform != "darwin":
-        # MLX's own reference BLAS runs a float32 matmul at about what its quantized kernel
-        # costs, at 4.7x the memory (bench without OpenBLAS on a 2-core Zen 3 VM: greedy
-        # 0.94x mlx-lm against native's 0.95x, full Entropix 0.77x against 0.80x, prefill
-        # 0.88x against 0.97x): float32 pays only with a real BLAS.
+    if mx.default_device() != mx.cpu or not _real_blas():
         return "native"
     return "float32" if float32_bytes(model) <= FLOAT32_BUDGET_BYTES else "native"
+
+
+def _real_blas() -> bool:
+    # MLX's own reference BLAS runs a float32 matmul at about what its quantized kernel
+    # costs, at 4.7x the memory: float32 pays only with a real BLAS.
+    return bool(blas_info()["name"]) or sys.platform == "darwin"
+
+
+def auto_rule() -> str:
+    """What `--weights auto` picks on this device, and why (for `doctor`)."""
+    import mlx.core as mx
+
+    if mx.default_device() != mx.cpu:
+        return "native: on a GPU quantized matmuls are fast"
+    if not _real_blas():
+        return "native: float32 gains nothing without a real BLAS"
+    return f"float32 for models up to {FLOAT32_BUDGET_BYTES // 1024**3} GB of float32 weights, native above"
 
 
 def to_float32(model):
@@ -166,4 +176,6 @@ def describe(model) -> str:
     text = f"{device} · {fmt} weights"
     if device == "cpu" and fmt.startswith("float32"):
         text += f" · {blas_name()}"
+    if device == "cpu" and blas_refused():  # asked for and not running: never silently
+        text += f" · {blas_refused()}"
     return text
