@@ -33,6 +33,7 @@ import mlx.core as mx
 from ..errors import ConfigError
 from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
+from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
 from .engine import generate_batch
 from .events import Summary, TokenEvent
@@ -252,7 +253,7 @@ class DeliberateGeneration:
                 strategy,
                 winner.logprobs[i],
                 metrics,
-                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
+                dict(GREEDY_PARAMS),
             )
             self.tokens.append(token)
             self.events.append(event)

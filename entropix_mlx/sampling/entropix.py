@@ -68,7 +68,7 @@ from ..model.cache import SharedPrefixCache
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .repetition import first_repeat, path_repeats, repeat_counts
-from .samplers import LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
+from .samplers import GREEDY_PARAMS, LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
 
 NATS_TO_BITS = LOG2E
 
@@ -354,11 +354,7 @@ class EntropixSampler(TwoPhaseSampler):
         inserted = False
         advanced = None
         if strategy == "argmax":
-            out, lps, params = (
-                tokens["argmax"],
-                logprobs["argmax"],
-                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
-            )
+            out, lps, params = tokens["argmax"], logprobs["argmax"], dict(GREEDY_PARAMS)
         elif strategy == "think":
             if self.thinking_tokens and not self._just_inserted and self.insertions < c.max_thinking_insertions:
                 out, lps, advanced = self._insert_thinking(step, plan["thinking_logprob"].item())
