@@ -5,8 +5,8 @@ import math
 
 import mlx.core as mx
 
+from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
-from .entropix import top_candidates
 from .metrics import logits_entropy
 from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
