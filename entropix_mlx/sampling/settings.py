@@ -2,9 +2,9 @@
 
 A config is a frozen dataclass of settings that subclasses `Settings`. Its
 module declares each field's rule once, in a table {field: rule}; a rule takes
-the value and returns what is wrong with it (None: nothing). Whole-number and
-number fields are checked by their annotation before any rule runs, so a rule
-may compare freely. Rules between two fields are a short list of checks.
+the value and returns what is wrong with it (None: nothing). Fields annotated
+int or float are checked for a whole or finite number before any rule runs, so
+a rule may compare freely. Rules between two fields are a short list of checks.
 
 Every error is one line that names the field:
     sampler setting 'top_p' = 1.5 is invalid: must be in (0, 1]
