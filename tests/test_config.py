@@ -19,6 +19,8 @@ from entropix_mlx.sampling.config import SamplerConfig, load_toml, resolve_confi
         ("low_entropy", -0.1, "cannot be negative"),
         ("strategies", ("argmax", "pondering"), "unknown strategy 'pondering'"),
         ("attention_layers", "middle", '"all", "last"'),
+        ("strategies", 5, "must be a list of names"),
+        ("attention_layers", 5, "non-empty list of layer indices"),
         ("adaptive_samples", 0, ">= 1"),
         ("branch_rollout_tokens", 0, ">= 1"),
         ("branch_decide_tokens", -1, ">= 0"),
@@ -113,6 +115,15 @@ def test_card_is_used_and_reported(tmp_path, monkeypatch):
     sampler = make_sampler("entropix", None, "m1", top_k=None, min_p=0.05)
     assert sampler.config.low_entropy == 0.42 and sampler.config.min_p == 0.05
     assert "m1.toml" in sampler.config_source
+
+
+def test_a_card_without_a_sampler_table_is_no_calibrated_card(tmp_path, monkeypatch):
+    (tmp_path / "m3.toml").write_text('name = "m3"\n[deliberate]\nbudget = 2\n')
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
+    cfg, source = resolve_config("m3")
+    assert cfg == SamplerConfig() and "no model card" in source
+    with pytest.raises(ConfigError, match="no calibrated card"):
+        resolve_config("m3", "calibrated")
 
 
 def test_make_sampler_rejects_bad_values():

@@ -12,8 +12,9 @@ from conftest import make_tiny_model
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.model.cache import cache_length, make_cache
+from entropix_mlx.sampling.candidates import filter_sorted, top_candidates
 from entropix_mlx.sampling.config import SamplerConfig
-from entropix_mlx.sampling.entropix import EntropixSampler, decide, filter_sorted, top_candidates
+from entropix_mlx.sampling.entropix import EntropixSampler, decide
 from entropix_mlx.sampling.metrics import step_metrics
 from entropix_mlx.sampling.samplers import Step, filtered_logprobs
 

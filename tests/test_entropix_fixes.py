@@ -17,6 +17,7 @@ from entropix_mlx.sampling.config import SamplerConfig
 from entropix_mlx.sampling.entropix import EntropixSampler, decide
 from entropix_mlx.sampling.metrics import step_metrics
 from entropix_mlx.sampling.repetition import path_repeats, repeat_counts
+from entropix_mlx.sampling.rollout import best_path
 from entropix_mlx.sampling.samplers import GreedySampler, Step
 
 V = 259  # the tiny tokenizer's vocabulary; id 2 is its end-of-turn token
@@ -255,16 +256,16 @@ def test_confidence_ranks_repeating_paths_last_and_stops_at_the_end_of_turn():
     paths = [[9, 7, 8], [5, 6, 11], [12, 13, 14]]  # the first repeats "7 8 9" and "8 9 7"
     margins = [[0.99, 0.99], [0.6, 0.6], [0.5, 0.5]]
     lps = [[-1.0] * 3] * 3
-    assert sampler._best_path(paths, lps, margins, history) == 1
+    assert best_path(sampler, paths, lps, margins, history) == 1
     # Margins after an end of turn are never said, so they never count: path 2 ends at once
     # with a sure end (0.9), path 1's continuation is less sure.
     paths = [[5, 6, 11], [12, EOS, 14]]
-    assert sampler._best_path(paths, lps[:2], [[0.6, 0.6], [0.9, 0.0]], []) == 1
-    assert sampler._best_path(paths, lps[:2], [[0.6, 0.6], [0.5, 1.0]], []) == 0
+    assert best_path(sampler, paths, lps[:2], [[0.6, 0.6], [0.9, 0.0]], []) == 1
+    assert best_path(sampler, paths, lps[:2], [[0.6, 0.6], [0.5, 1.0]], []) == 0
     # Ending as the candidate: its own probability is its certainty.
     paths = [[5, 6, 11], [EOS, 3, 3]]
-    assert sampler._best_path(paths, [[-1.0] * 3, [math.log(0.8), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 1
-    assert sampler._best_path(paths, [[-1.0] * 3, [math.log(0.3), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 0
+    assert best_path(sampler, paths, [[-1.0] * 3, [math.log(0.8), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 1
+    assert best_path(sampler, paths, [[-1.0] * 3, [math.log(0.3), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 0
 
 
 def test_branch_select_is_validated():
@@ -362,7 +363,7 @@ def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
     # The full-length rollout's choice (every position's margin, by hand), cut at its end.
     margins = [margins_along(model, prompt, p) for p in paths]
     lps = [path_logprobs(model, prompt, p) for p in paths]
-    best = sampler._best_path(paths, lps, margins, [])
+    best = best_path(sampler, paths, lps, margins, [])
     end = next(j for j, t in enumerate(paths[best]) if t in ends_turn)
     assert choice.tokens == paths[best][: end + 1]
     assert choice.logprobs == pytest.approx(lps[best][: end + 1], abs=1e-4)
@@ -420,7 +421,7 @@ def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
         paths = [scored_path(sampler, model, prompt, history, f, depth) for f in firsts]
         differs += sum(p != greedy_path(model, prompt, f, depth) for p, f in zip(paths, firsts, strict=False))
         lps = [path_logprobs(model, prompt, p) for p in paths]
-        best = sampler._best_path(paths, lps, [margins_along(model, prompt, p) for p in paths], history)
+        best = best_path(sampler, paths, lps, [margins_along(model, prompt, p) for p in paths], history)
         assert choice.strategy == "branch" and choice.tokens == paths[best][: len(choice.tokens)]
         assert choice.logprobs == pytest.approx(lps[best][: len(choice.tokens)], abs=1e-4)
         # (the first token is kept even when every candidate repeats; none after it repeats)
@@ -465,7 +466,8 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
         )
         paths = [follow(f) for f in firsts]
         short = [p[:k] for p in paths]
-        best = sampler._best_path(
+        best = best_path(
+            sampler,
             short,
             [path_logprobs(model, prompt, p) for p in short],
             [margins_along(model, prompt, p) for p in short],

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..errors import ConfigError
-from ..sampling.branching import GREEDY_PARAMS, BranchSampler
+from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
+from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
 from .engine import generate_batch
 from .events import Summary, TextStream, TokenEvent

@@ -5,12 +5,10 @@ import math
 
 import mlx.core as mx
 
+from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
-from .entropix import top_candidates
 from .metrics import logits_entropy
-from .samplers import Choice, Step, sanitize_logits
-
-GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
 
 class BranchSampler:

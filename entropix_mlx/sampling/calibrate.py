@@ -204,7 +204,8 @@ def calibrate(
     thinking_text, tuned strategy parameters) are kept, and so are its other
     tables ([tuning], [deliberate], ...)."""
     from .cards import card_path
-    from .config import SamplerConfig, read_toml
+    from .config import SamplerConfig
+    from .settings import read_toml
 
     path = Path(out) if out else card_path(model_name)
     if samples is None:

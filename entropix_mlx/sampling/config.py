@@ -12,13 +12,11 @@ A TOML file holds the same field names, either at top level or in a
 `[sampler]` table (model cards use the table).
 """
 
-import dataclasses
-import math
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, rule, validate
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
 
@@ -30,7 +28,9 @@ BRANCH_ROLLOUTS = ("greedy", "scored")
 
 
 @dataclass(frozen=True)
-class SamplerConfig:
+class SamplerConfig(Settings):
+    kind = "sampler"
+
     # Base sampling parameters (reference v1).
     temperature: float = 0.666
     top_p: float = 0.90
@@ -118,173 +118,69 @@ class SamplerConfig:
     max_thinking_insertions: int = 3
 
     def __post_init__(self):
-        validate(self)
-
-    @classmethod
-    def from_toml(cls, path, base: "SamplerConfig | None" = None) -> "SamplerConfig":
-        """Fields from a TOML file over `base` (default: the reference preset).
-        To layer a file over the model's card, pass its path to make_sampler."""
-        return load_toml(path, base)
-
-    @classmethod
-    def preset(cls, name: str, model_name: str | None = None) -> "SamplerConfig":
-        return resolve_config(model_name, name)[0]
-
-    def replace(self, **changes) -> "SamplerConfig":
-        return from_dict({**dataclasses.asdict(self), **changes})
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["strategies"] = list(d["strategies"])
-        if not isinstance(d["attention_layers"], str):
-            d["attention_layers"] = list(d["attention_layers"])
-        return d
-
-
-FIELD_TYPES = {f.name: f.type for f in fields(SamplerConfig)}
+        validate(self, RULES, CHECKS)
 
 
 THRESHOLDS = ("low_entropy", "low_varentropy", "medium_entropy", "high_entropy", "high_varentropy", "think_varentropy")
 
 
-def _number(name, value, integer=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"sampler setting '{name}' must be a number, got {value!r}")
-    if integer and not isinstance(value, int):
-        if float(value).is_integer():
-            return int(value)
-        raise ConfigError(f"sampler setting '{name}' must be a whole number, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(f"sampler setting '{name}' must be finite, got {value!r}")
-    return value
-
-
-def validate(c: SamplerConfig) -> None:
-    """Raise ConfigError naming the first invalid field."""
-
-    def bad(name, rule):
-        raise ConfigError(f"sampler setting '{name}' = {getattr(c, name)!r} is invalid: {rule}")
-
-    for f in fields(c):
-        if f.type in (float, "float"):
-            _number(f.name, getattr(c, f.name))
-        elif f.type in (int, "int"):
-            value = getattr(c, f.name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                bad(f.name, "must be a whole number")
-    if c.temperature <= 0:
-        bad("temperature", "must be > 0 (use the greedy sampler for temperature 0)")
-    if not 0 < c.top_p <= 1:
-        bad("top_p", "must be in (0, 1]")
-    if c.top_k < 0:
-        bad("top_k", "must be >= 0 (0 turns top-k off)")
-    if not 0 <= c.min_p < 1:
-        bad("min_p", "must be in [0, 1)")
-    for name in THRESHOLDS:
-        if getattr(c, name) < 0:
-            bad(name, "thresholds are entropies (bits) or varentropies (bits^2) and cannot be negative")
-    if c.low_entropy > c.medium_entropy:
-        bad("low_entropy", f"must not exceed medium_entropy ({c.medium_entropy})")
-    if c.medium_entropy > c.high_entropy:
-        bad("medium_entropy", f"must not exceed high_entropy ({c.high_entropy})")
-    if c.low_varentropy > c.high_varentropy:
-        bad("low_varentropy", f"must not exceed high_varentropy ({c.high_varentropy})")
-    if isinstance(c.strategies, str) or not all(isinstance(s, str) for s in c.strategies):
-        bad("strategies", f"must be a list of names from: {', '.join(STRATEGIES)}")
-    unknown = [s for s in c.strategies if s not in STRATEGIES]
+def strategies_problem(value) -> str | None:
+    if not isinstance(value, (tuple, list)) or not all(isinstance(s, str) for s in value):
+        return f"must be a list of names from: {', '.join(STRATEGIES)}"
+    unknown = [s for s in value if s not in STRATEGIES]
     if unknown:
-        bad("strategies", f"unknown strategy '{unknown[0]}'; choose from: {', '.join(STRATEGIES)}")
-    layers = c.attention_layers
-    if isinstance(layers, str):
-        if layers not in ("all", "last"):
-            bad("attention_layers", 'must be "all", "last" or a list of layer indices')
-    elif not layers or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
-        bad("attention_layers", 'must be "all", "last" or a non-empty list of layer indices')
-    if c.argmax_margin < 0:
-        bad("argmax_margin", "must be >= 0 (bits; 0 turns the rule off)")
-    if c.adaptive_samples < 1:
-        bad("adaptive_samples", "must be >= 1")
-    if c.adaptive_top_k_max < 1:
-        bad("adaptive_top_k_max", "must be >= 1")
-    if c.adaptive_max_temperature <= 0:
-        bad("adaptive_max_temperature", "must be > 0")
-    if c.repetition_penalty < 0:
-        bad("repetition_penalty", "must be >= 0 (bits)")
-    if c.repetition_ngram < 1:
-        bad("repetition_ngram", "must be >= 1")
-    if c.branch_candidates < 1:
-        bad("branch_candidates", "must be >= 1")
-    if c.branch_rollout_tokens < 1:
-        bad("branch_rollout_tokens", "must be >= 1")
-    if c.branch_select not in BRANCH_SELECTS:
-        bad("branch_select", f"must be one of: {', '.join(BRANCH_SELECTS)}")
-    if c.branch_rollout not in BRANCH_ROLLOUTS:
-        bad("branch_rollout", f"must be one of: {', '.join(BRANCH_ROLLOUTS)}")
-    if c.branch_decide_tokens < 0:
-        bad("branch_decide_tokens", "must be >= 0 (0: compare over the whole rollout)")
-    if c.branch_keep_margin < 0:
-        bad("branch_keep_margin", "must be >= 0 (a probability margin)")
-    if not isinstance(c.thinking_text, str) or not c.thinking_text:
-        bad("thinking_text", "must be a non-empty string")
-    if c.max_thinking_insertions < 0:
-        bad("max_thinking_insertions", "must be >= 0")
+        return f"unknown strategy '{unknown[0]}'; choose from: {', '.join(STRATEGIES)}"
+    return None
 
 
-def from_dict(data: dict, source: str = "config") -> SamplerConfig:
-    """Build a config from plain values (TOML tables, CLI overrides); unknown
-    keys are an error, so a typo does not go silently unused."""
-    unknown = [k for k in data if k not in FIELD_TYPES]
-    if unknown:
-        raise ConfigError(
-            f"unknown sampler setting '{unknown[0]}' in {source}; known settings: {', '.join(FIELD_TYPES)}"
-        )
-    values = dict(data)
-    for name in ("strategies", "attention_layers"):
-        if isinstance(values.get(name), list):
-            values[name] = tuple(values[name])
-    for name, value in values.items():
-        kind = FIELD_TYPES[name]
-        if kind in (float, "float"):
-            values[name] = float(_number(name, value))
-        elif kind in (int, "int"):
-            values[name] = _number(name, value, integer=True)
-    return SamplerConfig(**values)
+def layers_problem(value) -> str | None:
+    if isinstance(value, str):
+        return None if value in ("all", "last") else 'must be "all", "last" or a list of layer indices'
+    indices = isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    return None if indices and value else 'must be "all", "last" or a non-empty list of layer indices'
 
 
-def read_toml(path) -> dict:
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+# In the order they are checked: an error names the first invalid field.
+RULES = {
+    "temperature": rule(lambda v: v > 0, "must be > 0 (use the greedy sampler for temperature 0)"),
+    "top_p": rule(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "top_k": at_least(0, "0 turns top-k off"),
+    "min_p": rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    **dict.fromkeys(THRESHOLDS, THRESHOLD),
+    "strategies": strategies_problem,
+    "attention_layers": layers_problem,
+    "argmax_margin": at_least(0, "bits; 0 turns the rule off"),
+    "adaptive_samples": at_least(1),
+    "adaptive_top_k_max": at_least(1),
+    "adaptive_max_temperature": rule(lambda v: v > 0, "must be > 0"),
+    "repetition_penalty": at_least(0, "bits"),
+    "repetition_ngram": at_least(1),
+    "branch_candidates": at_least(1),
+    "branch_rollout_tokens": at_least(1),
+    "branch_select": rule(lambda v: v in BRANCH_SELECTS, f"must be one of: {', '.join(BRANCH_SELECTS)}"),
+    "branch_rollout": rule(lambda v: v in BRANCH_ROLLOUTS, f"must be one of: {', '.join(BRANCH_ROLLOUTS)}"),
+    "branch_decide_tokens": at_least(0, "0: compare over the whole rollout"),
+    "branch_keep_margin": at_least(0, "a probability margin"),
+    "thinking_text": rule(lambda v: isinstance(v, str) and v != "", "must be a non-empty string"),
+    "max_thinking_insertions": at_least(0),
+}
+
+
+CHECKS = (
+    not_above("low_entropy", "medium_entropy"),
+    not_above("medium_entropy", "high_entropy"),
+    not_above("low_varentropy", "high_varentropy"),
+)
 
 
 def load_toml(path, base: SamplerConfig | None = None) -> SamplerConfig:
     """Read a SamplerConfig from TOML: fields at top level or in `[sampler]`;
-    fields not given keep `base`'s values (default: the reference preset)."""
-    data = read_toml(path)
-    table = data["sampler"] if "sampler" in data else data
-    if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: [sampler] must be a table")
-    table = {k: v for k, v in table.items() if not isinstance(v, dict)}  # other tables: card metadata
-    base = base or SamplerConfig()
-    return from_dict({**base.to_dict(), **table}, source=str(path))
+    fields not given keep `base`'s values (default: the reference preset).
+    To layer a file over the model's card, pass its path to make_sampler."""
+    return SamplerConfig.from_toml(path, base)
 
 
 PRESETS = ("reference", "calibrated")
-
-
-def card_config(model_name: str) -> tuple[SamplerConfig, str] | None:
-    """The calibrated config from the model's card, or None without a card."""
-    from .cards import card_path
-
-    path = card_path(model_name)
-    if not path.is_file():
-        return None
-    return load_toml(path), f"model card {path.name} (calibrated)"
 
 
 def resolve_config(model_name: str | None = None, config=None, **overrides) -> tuple[SamplerConfig, str]:
@@ -294,27 +190,20 @@ def resolve_config(model_name: str | None = None, config=None, **overrides) -> t
     a preset name, a path to a TOML file (its fields override the default), or
     a SamplerConfig. `overrides`: field values applied last (None = unset).
     """
-    card = card_config(model_name) if model_name else None
-    if config is None:
-        cfg, source = card or (SamplerConfig(), "preset reference (no model card; run `entropix-mlx calibrate`)")
-    elif isinstance(config, SamplerConfig):
-        cfg, source = config, "given config"
-    elif config == "reference":
-        cfg, source = SamplerConfig(), "preset reference"
-    elif config == "calibrated":
+    card = card_table(SamplerConfig, model_name)
+    if card:
+        card = card[0], f"{card[1]} (calibrated)"
+    if config == "reference":
+        return layered((SamplerConfig(), "preset reference"), None, overrides)
+    if config == "calibrated":
         if card is None:
             raise ConfigError(
                 f"model '{model_name}' has no calibrated card; "
                 f"run `entropix-mlx calibrate --model {model_name or 'MODEL'}` first"
             )
-        cfg, source = card
-    elif isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file():
-        base = card[0] if card else SamplerConfig()
-        cfg, source = load_toml(config, base), f"config file {config}"
-    else:
-        raise ConfigError(f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file")
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if overrides:
-        cfg = cfg.replace(**overrides)
-        source += " + " + ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return cfg, source
+        return layered(card, None, overrides)
+    if config is not None and not isinstance(config, SamplerConfig):
+        if not (isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file()):
+            raise ConfigError(f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file")
+    default = SamplerConfig(), "preset reference (no model card; run `entropix-mlx calibrate`)"
+    return layered(card or default, config, overrides)

@@ -7,11 +7,10 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 (README, "Deliberate").
 """
 
-import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from ..errors import ConfigError
+from .settings import THRESHOLD, Settings, at_least, card_table, layered, rule, validate
 
 SELECTORS = (
     "greedy",
@@ -26,7 +25,9 @@ SELECTORS = (
 
 
 @dataclass(frozen=True)
-class DeliberateConfig:
+class DeliberateConfig(Settings):
+    kind = "deliberate"
+
     # CoT-decoding: the first answer token's `first_alternatives` most likely
     # alternatives to the greedy token each start a branch (0: off).
     first_alternatives: int = 4
@@ -52,102 +53,37 @@ class DeliberateConfig:
     margin: float = 0.0
 
     def __post_init__(self):
-        validate(self)
+        validate(self, RULES)
 
     @property
     def max_candidates(self) -> int:
         """The greedy answer plus the branches that the cap and the budget allow."""
         return max(1, min(self.max_branches + 1, math.floor(self.budget)))
 
-    def replace(self, **changes) -> "DeliberateConfig":
-        return from_dict({**dataclasses.asdict(self), **changes})
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-FIELD_TYPES = {f.name: f.type for f in fields(DeliberateConfig)}
-
-
-def validate(c: DeliberateConfig) -> None:
-    """Raise ConfigError naming the first invalid field."""
-
-    def bad(name, rule):
-        raise ConfigError(f"deliberate setting '{name}' = {getattr(c, name)!r} is invalid: {rule}")
-
-    for f in fields(c):
-        value = getattr(c, f.name)
-        if f.type in (int, "int") and (isinstance(value, bool) or not isinstance(value, int)):
-            bad(f.name, "must be a whole number")
-        if f.type in (float, "float") and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-        ):
-            bad(f.name, "must be a finite number")
-    for name in ("first_alternatives", "alternatives", "max_branch_points", "max_branches"):
-        if getattr(c, name) < 0:
-            bad(name, "must be >= 0")
-    for name in ("branch_entropy", "branch_varentropy"):
-        if getattr(c, name) < 0:
-            bad(name, "thresholds are entropies (bits) or varentropies (bits^2) and cannot be negative")
-    if not 0 <= c.min_probability < 1:
-        bad("min_probability", "must be in [0, 1)")
-    if c.budget < 1:
-        bad("budget", "must be >= 1 (the greedy answer alone is 1)")
-    if c.selector not in SELECTORS:
-        bad("selector", f"choose one of: {', '.join(SELECTORS)}")
-    if c.margin < 0:
-        bad("margin", "must be >= 0")
-
-
-def from_dict(data: dict, source: str = "config") -> DeliberateConfig:
-    unknown = [k for k in data if k not in FIELD_TYPES]
-    if unknown:
-        raise ConfigError(
-            f"unknown deliberate setting '{unknown[0]}' in {source}; known settings: {', '.join(FIELD_TYPES)}"
-        )
-    values = dict(data)
-    for name, value in values.items():
-        kind = FIELD_TYPES[name]
-        if kind in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
-            values[name] = float(value)
-        elif kind in (int, "int") and isinstance(value, float) and value.is_integer():
-            values[name] = int(value)
-    return DeliberateConfig(**values)
+# In the order they are checked: an error names the first invalid field.
+RULES = {
+    "first_alternatives": at_least(0),
+    "alternatives": at_least(0),
+    "max_branch_points": at_least(0),
+    "max_branches": at_least(0),
+    "branch_entropy": THRESHOLD,
+    "branch_varentropy": THRESHOLD,
+    "min_probability": rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "budget": at_least(1, "the greedy answer alone is 1"),
+    "selector": rule(lambda v: v in SELECTORS, f"choose one of: {', '.join(SELECTORS)}"),
+    "margin": at_least(0),
+}
 
 
 def load_config(path, base: DeliberateConfig | None = None) -> DeliberateConfig:
     """Fields from a TOML file's `[deliberate]` table (or its top level) over `base`."""
-    from .config import read_toml
-
-    data = read_toml(path)
-    table = data.get("deliberate", data)
-    if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: [deliberate] must be a table")
-    if "deliberate" not in data:  # a file of top-level fields: ignore other tables (e.g. [sampler])
-        table = {k: v for k, v in table.items() if not isinstance(v, dict) and k != "name"}
-    return from_dict({**(base or DeliberateConfig()).to_dict(), **table}, source=str(path))
+    return DeliberateConfig.from_toml(path, base)
 
 
 def resolve_deliberate(model_name: str | None = None, config=None, **overrides) -> tuple[DeliberateConfig, str]:
     """The config and where it came from: the model card's [deliberate] table
     (if any) under `config` (a .toml path or a DeliberateConfig), then the
     overrides (None = unset)."""
-    from .cards import card_path
-
-    cfg, source = DeliberateConfig(), "defaults"
-    if model_name:
-        card = card_path(model_name)
-        if card.is_file():
-            from .config import read_toml
-
-            if "deliberate" in read_toml(card):
-                cfg, source = load_config(card), f"model card {card.name}"
-    if isinstance(config, DeliberateConfig):
-        cfg, source = config, "given config"
-    elif config is not None:
-        cfg, source = load_config(config, cfg), f"config file {config}"
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if overrides:
-        cfg = cfg.replace(**overrides)
-        source += " + " + ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return cfg, source
+    card = card_table(DeliberateConfig, model_name)
+    return layered(card or (DeliberateConfig(), "defaults"), config, overrides)

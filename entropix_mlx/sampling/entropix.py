@@ -29,7 +29,7 @@ Strategies (stable names, used in JSON and colours):
            variant (`branch_select = "confidence"`) takes the likeliest tokens
            and keeps the path the model is surest of; `branch_rollout =
            "scored"` continues each row by the score instead of the model's
-           likeliest token (see `_branch`).
+           likeliest token (see rollout.py).
 - resample (H and V high): sample at a high temperature with a tighter top-p.
 - adaptive (everything else): draw `adaptive_samples` candidates with distinct
            random keys and parameters adapted to the metrics; keep the one
@@ -52,7 +52,7 @@ likelihood for not looping, the commonest failure of small models.
 End of turn after thinking. The step right after an inserted thinking text may
 not end the turn (the end-of-sequence tokens get score -inf there): the text
 was inserted because the model hesitated, and ending right after it left the
-question unanswered (issue 10: 17 of 40 built-in answers ended that way).
+question unanswered.
 
 Parameter formulas are the reference's version 1 (see ENTROPIX_REFERENCE.md),
 with one deviation: the adaptive temperature is capped at
@@ -64,11 +64,12 @@ import math
 
 import mlx.core as mx
 
-from ..model.cache import SharedPrefixCache
+from .candidates import filter_sorted, top_candidates
 from .config import SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
-from .repetition import first_repeat, path_repeats, repeat_counts
-from .samplers import LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
+from .repetition import path_repeats, repeat_counts
+from .rollout import branch
+from .samplers import GREEDY_PARAMS, LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
 
 NATS_TO_BITS = LOG2E
 
@@ -102,51 +103,6 @@ def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 
     else:
         state = "adaptive"
     return state if state in enabled else "adaptive"
-
-
-def top_candidates(logprobs: mx.array, m: int) -> tuple[mx.array, mx.array]:
-    """The m most likely tokens, most likely first: (logprobs (m,), ids (m,)).
-
-    Every strategy filters with top-k (k <= m), so the rest of the vocabulary
-    can never be sampled; working on these m values keeps each filter and draw
-    to a few hundred elements instead of the whole vocabulary (a full sort of
-    49k logits costs ~10 ms on CPU)."""
-    vocab = logprobs.shape[-1]
-    if m >= vocab:
-        ids = mx.argsort(-logprobs)
-    else:
-        ids = mx.argpartition(-logprobs, m - 1)[:m]
-        ids = ids[mx.argsort(-logprobs[ids])]
-    return logprobs[ids], ids
-
-
-def filter_sorted(sorted_logprobs: mx.array, temperature, top_k, top_p, min_p) -> mx.array:
-    """Tempered log-weights of the kept tokens (-inf for removed ones), for
-    log-probabilities sorted most likely first. Same rules and order as
-    mlx-lm's apply_top_k -> apply_top_p -> apply_min_p -> temperature:
-
-    - top-k keeps the k most likely (k = 0: all);
-    - top-p keeps the most likely tokens until their mass, within the top-k
-      set, reaches top_p (the token that crosses it is kept);
-    - min-p keeps tokens with p >= min_p * p_max.
-
-    Written here rather than calling mlx-lm's helpers because the parameters
-    are MLX arrays computed from this step's metrics: mlx-lm's helpers are
-    compiled with Python-number parameters, so they would need the metrics on
-    the host first (a second sync per step) and recompile for every new value.
-    The most likely token is always kept.
-    """
-    m = sorted_logprobs.shape[-1]
-    rank = mx.arange(m)
-    top_k = mx.array(top_k)
-    keep = (top_k <= 0) | (rank < top_k)
-    probs = mx.where(keep, mx.exp(sorted_logprobs), 0.0)
-    mass_before = mx.cumsum(probs) - probs
-    top_p = mx.array(top_p)
-    keep = keep & ((top_p >= 1.0) | (mass_before < top_p * probs.sum()))
-    keep = keep & (sorted_logprobs >= sorted_logprobs[0] + mx.log(mx.array(min_p, mx.float32)))
-    keep = keep | (rank == 0)
-    return mx.where(keep, sorted_logprobs / temperature, -mx.inf)
 
 
 def _clip(x, lo, hi):
@@ -354,11 +310,7 @@ class EntropixSampler(TwoPhaseSampler):
         inserted = False
         advanced = None
         if strategy == "argmax":
-            out, lps, params = (
-                tokens["argmax"],
-                logprobs["argmax"],
-                {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0},
-            )
+            out, lps, params = tokens["argmax"], logprobs["argmax"], dict(GREEDY_PARAMS)
         elif strategy == "think":
             if self.thinking_tokens and not self._just_inserted and self.insertions < c.max_thinking_insertions:
                 out, lps, advanced = self._insert_thinking(step, plan["thinking_logprob"].item())
@@ -375,7 +327,7 @@ class EntropixSampler(TwoPhaseSampler):
                 cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept, strict=False) if k]
             params = params_of("branch")
             if step.model is not None and step.cache is not None and len(cands) > 1:
-                out, lps, advanced = self._branch(step, cands)
+                out, lps, advanced = branch(self, step, cands)
             else:
                 out, lps = [cands[0][0]], [cands[0][1]]
         elif strategy == "resample":
@@ -427,126 +379,3 @@ class EntropixSampler(TwoPhaseSampler):
         last_logits = logits[:, -1:, :]
         mx.eval(rest, last_logits, scores)
         return list(toks), [first_logprob] + rest.tolist(), (step.cache, last_logits, scores)
-
-    def _branch(self, step: Step, cands: list[tuple[int, float]]):
-        """Roll every candidate out greedily, all rows in one batch over the
-        step's cache (shared, not copied); accept the best path (`_best_path`).
-
-        The rollout's last forward pass runs for the winner only, on the step's
-        own cache (after the winner's earlier rollout keys are appended to it):
-        the losers' last pass would be thrown away, and on a CPU a batch of n
-        rows costs nearly n single passes. With branch_select "confidence" the
-        rollout stops once every row has ended its turn (nothing after an end of
-        turn is scored), and an accepted path that ends the turn needs no state
-        after it. With branch_decide_tokens the rows are compared once their
-        paths hold that many tokens, and only the winner rolls on; alone, it
-        stops at its first repetition unit (nothing after it is handed out)."""
-        n, depth = len(cands), self.config.branch_rollout_tokens
-        decide = self.config.branch_decide_tokens or depth
-        confidence = self.config.branch_select == "confidence"
-        scored = self.config.branch_rollout == "scored" and self.config.repetition_penalty > 0
-        synced = scored or (confidence and bool(self.eos_tokens))  # each row's tokens known on the host
-        eos = set(self.eos_tokens)
-        ended = [t in eos for t, _ in cands]
-        said = [list(step.tokens) + [t] for t, _ in cands]  # each row's answer so far (scored rollouts)
-        path = [mx.array([t for t, _ in cands])]
-        path_lps = [mx.array([lp for _, lp in cands])]  # nats, (n,) per position
-        margins = []  # top-1 - top-2 probability, (n,) per position
-        rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
-        for _ in range(depth - 1):
-            if confidence and eos and all(ended):
-                break
-            if n > 1 and len(path) >= decide:  # decided: the other rows stop here
-                best = self._rank_rows(path, path_lps, margins, step.tokens)[0]
-                path, path_lps, margins = ([a[best : best + 1] for a in arrays] for arrays in (path, path_lps, margins))
-                said, ended, n = [said[best]], [ended[best]], 1
-                for shared in rollout:
-                    shared.keep_row(best)
-            if (
-                n == 1
-                and synced
-                and self.config.repetition_penalty
-                and first_repeat(step.tokens, said[0][len(step.tokens) :], self.config.repetition_ngram) < len(path)
-            ):
-                break  # the path is handed out only up to here: rolling on would be thrown away
-            logits, _ = step.model(path[-1][:, None], rollout)  # scores unused (never computed: lazy)
-            lp = logits[:, -1].astype(mx.float32)
-            lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-            nxt = mx.argmax(lp + self._rows_bias(said, lp.shape[-1]) if scored else lp, axis=-1)
-            if confidence:
-                top2 = mx.exp(mx.topk(lp, 2, axis=-1))
-                margins.append(mx.abs(top2[:, 0] - top2[:, 1]))
-            path_lps.append(mx.take_along_axis(lp, nxt[:, None], axis=-1)[:, 0])
-            path.append(nxt)
-            if synced:  # one host sync per rollout step
-                chosen = nxt.tolist()
-                ended = [e or t in eos for e, t in zip(ended, chosen, strict=False)]
-                for row, t in zip(said, chosen, strict=False):
-                    row.append(t)
-        best, paths, lps, path = self._rank_rows(path, path_lps, margins, step.tokens)
-        # The rollout continued greedily, unscored: accept it only up to its first token
-        # with repetition units (at least its first token), so a looping continuation is
-        # never handed out whole; the next step decides there, with the score.
-        keep = len(paths[best])
-        if self.config.repetition_penalty:
-            keep = max(1, first_repeat(step.tokens, paths[best], self.config.repetition_ngram))
-        end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
-        if end is not None:  # the turn ends here: no state after it is needed
-            return paths[best][: end + 1], lps[best][: end + 1], None
-        for layer, shared in zip(step.cache, rollout if keep > 1 else (), strict=False):
-            keys, values = shared.row(best)
-            layer.update_and_fetch(keys[..., : keep - 1, :], values[..., : keep - 1, :])
-        del rollout  # it references the prefix: appending to the cache while it lives would copy it
-        logits, scores = step.model(path[best : best + 1, keep - 1 : keep], step.cache)
-        mx.eval(logits, scores)
-        return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
-
-    def _rank_rows(self, path: list, path_lps: list, margins: list, history: list[int]):
-        """The rollout so far (per position, one (rows,) array each) stacked to
-        (rows, positions) and evaluated: (the row `_best_path` accepts, the paths,
-        their log-probabilities, the paths as one array)."""
-        rows = path[0].shape[0]
-        path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)
-        margins = mx.stack(margins, axis=1) if margins else mx.zeros((rows, 0))
-        mx.eval(path, path_lps, margins)
-        paths, lps = path.tolist(), path_lps.tolist()
-        return self._best_path(paths, lps, margins.tolist(), history), paths, lps, path
-
-    def _rows_bias(self, histories: list[list[int]], vocab: int) -> mx.array:
-        """(rows, vocab): each row's repetition bias (nats) after its own history."""
-        bias = mx.zeros((len(histories), vocab), dtype=mx.float32)
-        for i, history in enumerate(histories):
-            values = self.repetition_bias(history)
-            if values:
-                bias[i, mx.array(list(values), dtype=mx.int32)] = mx.array(list(values.values()), dtype=mx.float32)
-        return bias
-
-    def _best_path(
-        self, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]], history: list[int]
-    ) -> int:
-        """The index of the path to accept. "logprob": the best `path_score`.
-        "confidence": the fewest repetition units, then the highest mean
-        top-1 - top-2 margin after the candidate (up to and including an end
-        of turn: what follows it is never said); the first path (the most
-        likely candidate) gets branch_keep_margin on top."""
-        c = self.config
-        if c.branch_select == "logprob":
-            return max(range(len(paths)), key=lambda i: self.path_score(paths[i], lps[i], history))
-
-        # where each path ends its turn (its last token when it does not)
-        ends = [next((j for j, t in enumerate(p) if t in self.eos_tokens), len(p) - 1) for p in paths]
-
-        def confidence(i):
-            if ends[i] == 0 and paths[i][0] in self.eos_tokens:
-                return math.exp(lps[i][0])  # ending here: nothing follows, its own probability is its certainty
-            seen = margins[i][: ends[i]]
-            return sum(seen) / len(seen) if seen else 0.0
-
-        def repeats(i):
-            if not c.repetition_penalty:
-                return 0
-            return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram)
-
-        return max(
-            range(len(paths)), key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0))
-        )

@@ -106,10 +106,3 @@ def step_metrics(logits: mx.array, scores, layers="all") -> dict[str, mx.array]:
     else:
         out.update({name: mx.array(0.0) for name in ATTENTION_METRICS})
     return out
-
-
-def metrics_to_floats(values: dict[str, mx.array]) -> dict[str, float]:
-    """One host transfer for all metrics (after they were evaluated)."""
-    names = list(values)
-    floats = mx.stack([values[n] for n in names]).tolist() if names else []
-    return dict(zip(names, floats, strict=False))

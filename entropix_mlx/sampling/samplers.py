@@ -14,6 +14,9 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..accel.cpu_math import logsumexp
 
+# The parameters a greedy choice reports (as the sampling parameters that would pick it).
+GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+
 
 @dataclass
 class Step:
@@ -177,7 +180,6 @@ class GreedySampler(TwoPhaseSampler):
     over the vocabulary of a log-sum-exp."""
 
     name = "greedy"
-    GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
 
     def __init__(self, metrics: bool = True, logprobs: bool = True):
         self.metrics = metrics
@@ -218,9 +220,9 @@ class GreedySampler(TwoPhaseSampler):
                 chosen = mx.argmax(logits)
                 mx.eval(chosen, code)
                 token, note = chosen.item(), LOGIT_NOTES[code.item()]
-            return Choice([token], "argmax", [None], {}, params=dict(self.GREEDY_PARAMS), note=note)
+            return Choice([token], "argmax", [None], {}, params=dict(GREEDY_PARAMS), note=note)
         token, logprob, metrics, note = _finish(plan)
-        return Choice([token], "argmax", [logprob], metrics, params=dict(self.GREEDY_PARAMS), note=note)
+        return Choice([token], "argmax", [logprob], metrics, params=dict(GREEDY_PARAMS), note=note)
 
 
 class TemperatureSampler(TwoPhaseSampler):
