@@ -7,7 +7,7 @@ from test_batch import TEXTS, make_model, prompts_of, unbatched
 
 from entropix_mlx.decode.engine import BatchEngine
 from entropix_mlx.decode.rows import Request
-from entropix_mlx.sampling.samplers import GreedySampler, Step, plans_in_two_phases
+from entropix_mlx.sampling.samplers import GREEDY_PARAMS, GreedySampler, Step, plans_in_two_phases
 from entropix_mlx.server.recorder import recording
 
 
@@ -54,7 +54,7 @@ def test_per_token_records_hold_the_sampling_parameters_and_notes(tiny_tokenizer
     engine = BatchEngine(model, tiny_tokenizer, batch_size=1, groups=1)
     engine.add(0, Request(prompts_of(tiny_tokenizer, TEXTS[:1])[0], 0, 3), GreedySampler())
     result = run_to_end(engine)[0]
-    assert result.params == [GreedySampler.GREEDY_PARAMS] * 3 and result.notes == [""] * 3
+    assert result.params == [GREEDY_PARAMS] * 3 and result.notes == [""] * 3
 
 
 def test_the_servers_recorder_keeps_two_phase_decisions_and_adds_the_alternatives(tiny_tokenizer):
