@@ -115,7 +115,7 @@ def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: i
     as the eval batches them (batch 8, the eval's per-item seeds)."""
     from ..decode.engine import generate_batch
     from ..decode.rows import Request
-    from .runner import common_prefix, item_seed
+    from .store import common_prefix, item_seed
 
     out = []
     for seed in seeds:
