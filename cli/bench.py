@@ -9,7 +9,7 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.model.loading import DEFAULT_MODEL
 
-from .run import WeightsOpt
+from .options import WeightsOpt
 
 # Defaults fit in about 3 minutes on a 2-core CPU with the bundled model (a decode
 # step there is ~150 ms, a prompt token about as much): 3 variants x 2 repeats x

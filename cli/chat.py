@@ -19,7 +19,8 @@ from entropix_mlx.files import write_atomic
 from entropix_mlx.sampling.registry import SAMPLER_NAMES
 
 from . import render
-from .run import (
+from .options import (
+    DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
@@ -34,11 +35,9 @@ from .run import (
     TopKOpt,
     TopPOpt,
     WeightsOpt,
-    build_sampler,
     check_options,
-    header,
-    load_model,
 )
+from .run import build_sampler, header, load_model
 from .signals import Terminated, deferred
 
 COMMANDS = {
@@ -271,7 +270,7 @@ class ChatSession:
 def chat(
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
-    max_tokens: MaxTokensOpt = 256,
+    max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,
     config: ConfigOpt = None,
