@@ -1,7 +1,7 @@
 """`entropix-mlx chat`: a multi-turn conversation in the terminal, or scripted
 through a pipe (one user message per line).
 
-The KV cache stays between turns (entropix_mlx.chat.Conversation): a turn runs
+The KV cache stays between turns (entropix_mlx.decode.chat.Conversation): a turn runs
 only the tokens the cache does not hold yet. Everything goes to stdout, which is
 the session's transcript; only start-up errors go to stderr.
 """

@@ -67,8 +67,8 @@ def _fused(x):
 def warm_up_compiler():
     """MLX's CPU backend checks for its compiler with C's system("g++ --version")
     at the first compiled kernel of a process, and system() ignores SIGINT while
-    it runs: a Ctrl-C in that moment, the start of the first prefill, was lost.
-    One tiny compiled kernel now moves that moment into the model load."""
+    it runs: a Ctrl-C in that moment, the start of the first prefill, would be
+    lost. One tiny compiled kernel moves that moment into the model load."""
     mx.eval(_fused(mx.array([1.0])))
 
 
