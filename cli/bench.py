@@ -9,11 +9,11 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.model.loading import DEFAULT_MODEL
 
-from .run import WeightsOpt
+from .options import WeightsOpt
 
-# Defaults fit in about 3 minutes on a 2-core CPU with the bundled model (a decode
-# step there is ~150 ms, a prompt token about as much): 3 variants x 2 repeats x
-# (64 + 128) tokens. The targets are stated for --gen-tokens 256.
+# Defaults keep a run to a few minutes on a 2-core CPU with the bundled model:
+# 3 variants x 2 repeats x (64 + 128) tokens. docs/speed.md's figures use
+# --gen-tokens 256.
 DEFAULT_PROMPT_TOKENS = 64
 DEFAULT_GEN_TOKENS = 128
 DEFAULT_REPEATS = 2

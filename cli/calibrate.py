@@ -12,7 +12,8 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL
 
-from .run import WeightsOpt, warm_up_compiler
+from .options import WeightsOpt
+from .run import warm_up_compiler
 from .signals import exit_code
 
 

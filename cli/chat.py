@@ -1,7 +1,7 @@
 """`entropix-mlx chat`: a multi-turn conversation in the terminal, or scripted
 through a pipe (one user message per line).
 
-The KV cache stays between turns (entropix_mlx.chat.Conversation): a turn runs
+The KV cache stays between turns (entropix_mlx.decode.chat.Conversation): a turn runs
 only the tokens the cache does not hold yet. Everything goes to stdout, which is
 the session's transcript; only start-up errors go to stderr.
 """
@@ -19,7 +19,8 @@ from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
 
 from . import render
-from .run import (
+from .options import (
+    DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
@@ -34,11 +35,9 @@ from .run import (
     TopKOpt,
     TopPOpt,
     WeightsOpt,
-    build_sampler,
     check_options,
-    header,
-    load_model,
 )
+from .run import build_sampler, header, load_model
 from .signals import Terminated, deferred
 
 COMMANDS = {
@@ -271,7 +270,7 @@ class ChatSession:
 def chat(
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
-    max_tokens: MaxTokensOpt = 256,
+    max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,
     config: ConfigOpt = None,

@@ -15,7 +15,7 @@ from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
 
-from .run import WeightsOpt
+from .options import WeightsOpt
 
 DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: it loads MLX)
 

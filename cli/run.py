@@ -15,21 +15,36 @@ import mlx.core as mx
 import typer
 
 from entropix_mlx.accel import weights as backend
-from entropix_mlx.accel.weights import WEIGHT_FORMATS, default_weights
+from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
-from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
+from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.model.loading import DEFAULT_MODEL, load, resolve
-from entropix_mlx.sampling.config import PRESETS, resolve_config
+from entropix_mlx.model.loading import load, resolve
 
 from . import render
 from .deliberation import deliberation_progress
+from .options import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SEED,
+    BudgetOpt,
+    ConfigOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    ModelOpt,
+    NoColorOpt,
+    SamplerOpt,
+    SeedOpt,
+    SystemOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    WeightsOpt,
+    check_options,
+)
 from .signals import deferred, exit_code
-
-DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
 
 # Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
 _MODELS: dict[tuple[str, str], tuple] = {}
@@ -52,155 +67,9 @@ def _fused(x):
 def warm_up_compiler():
     """MLX's CPU backend checks for its compiler with C's system("g++ --version")
     at the first compiled kernel of a process, and system() ignores SIGINT while
-    it runs: a Ctrl-C in that moment, the start of the first prefill, was lost.
-    One tiny compiled kernel now moves that moment into the model load."""
+    it runs: a Ctrl-C in that moment, the start of the first prefill, would be
+    lost. One tiny compiled kernel moves that moment into the model load."""
     mx.eval(_fused(mx.array([1.0])))
-
-
-def _check_weights(value: str) -> str:
-    if value not in WEIGHT_FORMATS:
-        raise typer.BadParameter(f"'{value}' is not a weight format; choose one of: {', '.join(WEIGHT_FORMATS)}")
-    return value
-
-
-def _check_sampler(name: str) -> str:
-    if name not in SAMPLER_NAMES:
-        raise typer.BadParameter(f"'{name}' is not a sampler; choose one of: {', '.join(SAMPLER_NAMES)}")
-    return name
-
-
-def _check_seed(value: int) -> int:
-    if not 0 <= value < 2**63:
-        raise typer.BadParameter(f"{value} is not a seed; use a whole number from 0 to 2**63-1")
-    return value
-
-
-def _check_max_tokens(value: int) -> int:
-    # 0 is refused rather than answered with nothing: it is almost always a slip.
-    if value < 1:
-        raise typer.BadParameter(f"{value} tokens would give no answer; use 1 or more, e.g. --max-tokens 64")
-    return value
-
-
-def _check_top_p(value: float | None):
-    if value is not None and not 0 < value <= 1:
-        raise typer.BadParameter(f"{value} is not in (0, 1]; e.g. 0.9")
-    return value
-
-
-def _check_min_p(value: float | None):
-    if value is not None and not 0 <= value < 1:
-        raise typer.BadParameter(f"{value} is not in [0, 1); e.g. 0.05")
-    return value
-
-
-# Options shared with `chat`.
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        show_default=DEFAULT_MODEL,
-        help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
-    ),
-]
-SamplerOpt = Annotated[
-    str, typer.Option("--sampler", callback=_check_sampler, help=f"One of: {', '.join(SAMPLER_NAMES)}.")
-]
-MaxTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--max-tokens",
-        callback=_check_max_tokens,
-        help="Most tokens to generate per answer (1 or more; the context's end also stops it).",
-    ),
-]
-SeedOpt = Annotated[
-    int,
-    typer.Option(
-        "--seed", callback=_check_seed, help="Random seed; fixed by default, so the same command gives the same answer."
-    ),
-]
-SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt.")]
-ConfigOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--config",
-        show_default="the model card",
-        help="Entropix sampler settings: a TOML file (over the model card) or a preset (reference, calibrated).",
-    ),
-]
-TemperatureOpt = Annotated[
-    float | None,
-    typer.Option("--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines)."),
-]
-TopPOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--top-p", callback=_check_top_p, help="In (0, 1]: keep the most likely tokens up to this probability mass."
-    ),
-]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")]
-MinPOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--min-p",
-        callback=_check_min_p,
-        help="In [0, 1): drop tokens less likely than min_p × the top token's probability.",
-    ),
-]
-NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
-BudgetOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--budget",
-        min=1.0,
-        show_default="the model card's, 6",
-        help="deliberate only: generated tokens at most BUDGET x the longest candidate.",
-    ),
-]
-WeightsOpt = Annotated[
-    str,
-    typer.Option(
-        "--weights",
-        callback=_check_weights,
-        show_default="auto, or $ENTROPIX_WEIGHTS",
-        help="auto: float32 on the CPU (fast with a system OpenBLAS), the file's own format on a GPU; "
-        "native: the file's format; float32: dequantize once at load.",
-    ),
-]
-
-
-def check_options(
-    sampler: str, config: str | None, model: str | None, budget: float | None = None, **overrides
-) -> str | None:
-    """Reject settings that cannot work before the model loads, so a mistake
-    costs a second, not a model load. Returns --config for make_sampler."""
-    given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
-    if sampler in ("greedy", "deliberate") and given:
-        raise ConfigError(
-            f"{', '.join(given)} has no effect with --sampler {sampler}; drop it or choose another sampler"
-        )
-    if budget is not None and sampler != "deliberate":
-        raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
-    if sampler == "deliberate":  # the card's [deliberate] table, a --config file's, then --budget
-        from entropix_mlx.sampling.deliberate_config import resolve_deliberate
-
-        if config is not None and not Path(config).is_file():
-            raise ConfigError(
-                f"--config {config} is not a file; for --sampler deliberate give a .toml file with a [deliberate] table"
-            )
-        resolve_deliberate(resolve(model).name, config, budget=budget)
-        return config
-    if config is not None:
-        if sampler != "entropix":
-            raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
-        if config not in PRESETS and not Path(config).is_file():
-            what = "is a directory" if Path(config).is_dir() else "does not exist"
-            raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(PRESETS)})")
-    if sampler == "entropix":  # reads the card and the file, validates every value
-        resolve_config(resolve(model).name, config, **overrides)
-    return config
 
 
 def build_sampler(name, tokenizer, model_name, config=None, **overrides):
@@ -275,7 +144,7 @@ def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from standard input.")],
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
-    max_tokens: MaxTokensOpt = 256,
+    max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,
     config: ConfigOpt = None,

@@ -11,7 +11,8 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
 
-from .run import ModelOpt, WeightsOpt, load_model
+from .options import ModelOpt, WeightsOpt
+from .run import load_model
 
 
 def _check_port(value: int) -> int:

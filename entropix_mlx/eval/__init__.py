@@ -3,9 +3,10 @@
 
 Modules: `tasks` (task files, prompts, the dev/test split), `scoring` (answer
 extraction, chain-of-thought answers), `stats` (Wilson intervals, the exact sign
-test, the paired comparison against greedy), `runner` (the resumable accuracy
-runner and its summary), `opentext` (open-text metrics and their runner) and
-`report` (tables and plots). Everything is re-exported here, so
+test, the paired comparison against greedy), `store` (the result directory and
+the resumable loop over runs both modes share), `runner` (the accuracy runner and
+its summary), `opentext` (open-text metrics and their runner) and `report`
+(tables and plots). Everything is re-exported here, so
 `from entropix_mlx import eval as ev; ev.run_eval(...)` reaches all of it.
 """
 
@@ -26,16 +27,7 @@ from .opentext import (
     text_metrics,
 )
 from .report import format_p, markdown_table, open_table_rows, plot, plot_open, strategy_text, table_rows
-from .runner import (
-    EvalConfig,
-    ResultStore,
-    common_prefix,
-    item_seed,
-    machine_description,
-    run_eval,
-    sampler_settings,
-    summarize,
-)
+from .runner import EvalConfig, machine_description, rows_for, run_eval, summarize
 from .scoring import (
     LETTERS,
     cot_answer_line,
@@ -47,6 +39,7 @@ from .scoring import (
     score,
 )
 from .stats import Z95, paired_comparison, sign_test, wilson_interval
+from .store import ResultStore, common_prefix, item_seed, run_items, sampler_settings
 from .tasks import (
     CHOICE_PROMPT,
     COT_PROMPTS,

@@ -35,25 +35,17 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
 import mlx.core as mx
 
 from ..decode.engine import generate_batch
-from ..decode.rows import Request
 from ..errors import ConfigError
-from .runner import (
-    EvalConfig,
-    common_prefix,
-    default_sampler_factory,
-    digest,
-    item_seed,
-    machine_description,
-    open_store,
-    sampler_settings,
-)
+from .runner import EvalConfig, machine_description
 from .stats import paired_comparison
+from .store import default_sampler_factory, run_items, settings_by_sampler
 
 LOOP_ALERT = 12  # tokens: a back-to-back loop this long is a visible failure
 EARLY_TOKENS = 16  # an answer that ends before this many tokens ended too early for open text
@@ -134,7 +126,7 @@ def sequence_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float
 @dataclass
 class OpenPrompt:
     index: int  # line's position among the prompts, its identity in results
-    question: str  # the prompt text (named as a task's question, for ResultStore)
+    question: str  # the prompt text (named as a task's question, for the store)
 
 
 def builtin_prompts_path() -> Path:
@@ -184,50 +176,32 @@ def run_open(
 
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     encoded = [encode_chat(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
-    prompt_of = {p.index: e for p, e in zip(prompts, encoded, strict=False)}
     runs = config.runs()
     identity = {
         "mode": "open",
         "model": config.model_name,
         "max_tokens": config.max_tokens,
         "early_tokens": config.early_tokens,
-        "samplers": {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)},
+        "samplers": settings_by_sampler(make_sampler, runs),
     }
-    store, total, done = open_store(out_dir, identity, prompts, encoded, runs, progress)
-    prefix = common_prefix(encoded)
 
-    for name, seed in runs:
-        todo = [p for p in prompts if (name, seed, p.index) not in store.records]
-        if not todo:
-            continue
-        requests = [Request(prompt_of[p.index], item_seed(seed, p.index), config.max_tokens) for p in todo]
-        for i, result, seconds in generate_batch(
-            model, tokenizer, requests, lambda name=name: make_sampler(name), config.batch_size, prefix=prefix
-        ):
-            prompt = todo[i]
-            logprobs = sequence_logprobs(model, prompt_of[prompt.index], result.tokens)
-            record = {
-                "sampler": name,
-                "seed": seed,
-                "index": prompt.index,
-                "question": prompt.question,
-                "prompt_sha256": digest(prompt_of[prompt.index]),
-                "output": tokenizer.decode(result.tokens),
-                "token_ids": result.tokens,
-                "tokens": len(result.tokens),
-                "finish_reason": result.finish_reason,
-                "strategies": {s: result.strategies.count(s) for s in dict.fromkeys(result.strategies)},
-                "thinking_insertions": result.thinking_insertions,
-                "seconds": round(seconds, 4),
-                **text_metrics(result.tokens, logprobs, result.finish_reason, config.early_tokens),
-            }
-            store.add(record)
-            done += 1
-            if progress:
-                progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
-            if on_record:
-                on_record(record)
+    def rows(name, todo, requests, prefix):
+        return generate_batch(model, tokenizer, requests, partial(make_sampler, name), config.batch_size, prefix=prefix)
 
+    def fields(prompt, tokens, result, seconds):
+        logprobs = sequence_logprobs(model, tokens, result.tokens)
+        return {
+            "output": tokenizer.decode(result.tokens),
+            "token_ids": result.tokens,
+            "tokens": len(result.tokens),
+            "finish_reason": result.finish_reason,
+            "strategies": {s: result.strategies.count(s) for s in dict.fromkeys(result.strategies)},
+            "thinking_insertions": result.thinking_insertions,
+            "seconds": round(seconds, 4),
+            **text_metrics(result.tokens, logprobs, result.finish_reason, config.early_tokens),
+        }
+
+    store = run_items(prompts, encoded, identity, runs, config.max_tokens, rows, fields, out_dir, progress, on_record)
     results = summarize_open(store.records, prompts, config)
     store.write_results(results)
     return results

@@ -1,4 +1,4 @@
-"""Reports: the CLI's and README's tables, and the plots."""
+"""Reports: the CLI's tables, Markdown tables (as in docs/evaluation.md), and the plots."""
 
 
 def format_p(p: float) -> str:
@@ -6,7 +6,7 @@ def format_p(p: float) -> str:
 
 
 def table_rows(results: dict, strategies: bool = True) -> list[dict]:
-    """One row of display strings per sampler (the CLI's table, the README's)."""
+    """One row of display strings per sampler (the CLI's table, the Markdown one)."""
     rows = []
     for name, s in results["samplers"].items():
         lo, hi = s["ci95"]

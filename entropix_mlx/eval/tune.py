@@ -49,9 +49,9 @@ TUNE_CANDIDATES = (
     ("no-think, no-resample, margin-3", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 3.0}),
     ("no-think, no-resample, margin-1", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 1.0}),
     ("no-think, no-resample, margin-0.5", {"strategies": NO_THINK_NO_RESAMPLE, "argmax_margin": 0.5}),
-    # Branch by confidence (issue 10, second round): branch takes every uncertain state
-    # below think's (high_varentropy down to the bundled card's low_varentropy, no entropy
-    # ceiling), its candidates the 3 likeliest tokens, each rolled out greedily.
+    # Branch by confidence: branch takes every uncertain state below think's (high_varentropy
+    # down to the bundled card's low_varentropy, no entropy ceiling), its candidates the 3
+    # likeliest tokens, each rolled out greedily.
     *(
         (f"confidence-{n}, keep-{keep}", {**CONFIDENCE_BRANCH, "branch_rollout_tokens": n, "branch_keep_margin": keep})
         for n, keep in ((8, 0.1), (16, 0.1), (16, 0.0), (32, 0.1))
@@ -60,13 +60,13 @@ TUNE_CANDIDATES = (
     # adaptive's draws in the middle of an answer were where confidence-16 still lost items.
     ("confidence-16, keep-0.1, think states too", THINK_STATES_TOO),
     # ... with rollouts that continue by the score (the argmax rule) instead of the model's
-    # likeliest token: on the bench passage the greedy rollouts were cut at a repetition in
-    # 7 of 13 branches (their look-ahead thrown away), the scored ones in 1 of 8.
+    # likeliest token: greedy rollouts run into a repetition and are cut far more often,
+    # their look-ahead thrown away.
     ("confidence-16, keep-0.1, think states too, scored rollouts", SCORED_ROLLOUTS),
     # ... with the rows compared over their first k tokens, then only the winner rolling on
-    # (branch_decide_tokens). Comparing over all 16 costs 3 passes per token handed out: with
-    # native weights on a CPU (a row costs a full pass) the sampler decoded at 0.39x mlx-lm,
-    # where issue 10 asks for no lower than 0.74-0.80x. k = 2 and 3 cost about 1.25 and 1.4.
+    # (branch_decide_tokens). Comparing over all 16 costs 3 passes per token handed out, too
+    # slow with native weights on a CPU, where a row costs a full pass; k = 2 and 3 cost about
+    # 1.25 and 1.4 (figures: docs/sampler.md, "Tuning").
     *(
         (
             f"confidence-16, keep-0.1, think states too, scored rollouts, decide-{k}",
@@ -115,7 +115,7 @@ def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: i
     as the eval batches them (batch 8, the eval's per-item seeds)."""
     from ..decode.engine import generate_batch
     from ..decode.rows import Request
-    from .runner import common_prefix, item_seed
+    from .store import common_prefix, item_seed
 
     out = []
     for seed in seeds:

@@ -50,7 +50,7 @@ class Attention(llama.Attention):
         values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
 
         # One RoPE call for queries and keys: it rotates each head by its position
-        # alone, and on the CPU each call costs ~50 us whatever its size.
+        # alone, and on the CPU each call has a fixed cost whatever its size.
         offset = cache.offset if cache is not None else 0
         both = rope(self.rope, mx.concatenate([queries, keys], axis=1), offset, rotation)
         queries, keys = both[:, : self.n_heads], both[:, self.n_heads :]
@@ -64,7 +64,7 @@ class Attention(llama.Attention):
         if on_cpu(queries) and (mask == "causal" if isinstance(mask, str) else L == 1):
             # On the CPU the fused kernel is ops too: computed here, its attention
             # logits give the last query's scores for free, and a prompt's pass makes
-            # ~10 fewer ops a layer (each ~10-20 us on MLX's one CPU thread).
+            # ~10 fewer ops a layer (each a fixed cost on MLX's one CPU thread).
             q = (queries * self.scale).reshape(B, self.n_kv_heads, n_rep * L, -1)
             logits = q @ keys.swapaxes(-1, -2)  # (B, kv heads, n_rep * L, keys)
             if L == 1:
@@ -188,10 +188,9 @@ class Model(nn.Module):
             shape = (B, attn.n_heads + attn.n_kv_heads, L, attn.head_dim)
             rotations.append(rope_tables(attn.rope, shape, offset) if on_cpu(h) else None)
         scores = [[] for _ in segments]
-        # On the CPU, building a decode step's graph in Python takes ~4 ms of a ~35 ms
-        # step, and MLX's thread waited for all of it. Handed over two layers at a time,
-        # the layers built so far are computed meanwhile: a greedy batch-1 decode went
-        # from 23.8 to 26.6 tok/s (six interleaved runs each). The GPU keeps one graph.
+        # On the CPU, building a decode step's graph in Python is a noticeable share of
+        # the step, and MLX's thread would wait for all of it. Handed over two layers at
+        # a time, the layers built so far are computed meanwhile. The GPU keeps one graph.
         pipelined = on_cpu(h)
         for i, layer in enumerate(self.layers):
             h, layer_scores = layer(h, segments, masks, i, rotations)

@@ -1,9 +1,9 @@
 """`entropix-mlx serve`: an OpenAI-compatible HTTP server and the page at `/`.
 
 engine.py owns the model (one worker thread), batched.py decodes concurrent
-requests together (the batch engine, streaming per row), app.py is the HTTP layer,
-schema.py validates requests, responses.py builds OpenAI's objects, static/
-holds the page (no CDN: it works offline)."""
+requests together (decode/engine.py's batch engine, streaming per row), app.py
+is the HTTP layer, schema.py validates requests, responses.py builds OpenAI's
+objects, static/ holds the page (no CDN: it works offline)."""
 
 from .engine import Engine, Job
 from .prefix_cache import PrefixCache

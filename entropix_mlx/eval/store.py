@@ -1,0 +1,189 @@
+"""The resumable part of an eval, shared by the accuracy eval (`runner`) and the
+open-text eval (`opentext`): the result directory and the loop over runs.
+
+Every (sampler, seed, item) record is appended to DIR/items.jsonl as soon as it
+completes, with the question and a hash of its prompt; DIR/config.json records
+what the results are about (model, max tokens, sampler settings, ...). Rerunning
+the same command after an interruption checks both, skips what is done and
+continues; a larger --limit adds items. DIR/results.json holds the summary.
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..decode.rows import Request
+from ..errors import ConfigError
+
+
+def item_seed(run_seed: int, index: int) -> int:
+    """The seed of one item's answer: fixed by the run's seed and the item, not by
+    the batch it lands in, so results do not depend on --batch-size."""
+    return (run_seed * 1_000_003 + index) % 2**63
+
+
+def common_prefix(prompts: list[list[int]]) -> list[int]:
+    """The tokens every prompt starts with, kept shorter than the shortest prompt."""
+    if not prompts:
+        return []
+    prefix = os.path.commonprefix(prompts)
+    return list(prefix[: min(len(p) for p in prompts) - 1])
+
+
+def digest(tokens: list[int]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def sampler_settings(sampler) -> dict:
+    config = getattr(sampler, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        return config.to_dict()
+    return dict(getattr(sampler, "params", {}))
+
+
+def settings_by_sampler(make_sampler: Callable, runs: list[tuple[str, int]]) -> dict:
+    """Each sampler the runs use, by name, with its settings: part of a run's identity."""
+    return {name: sampler_settings(make_sampler(name)) for name in dict.fromkeys(n for n, _ in runs)}
+
+
+def default_sampler_factory(tokenizer, config) -> Callable:
+    """`make_sampler(name)` with the model's card, metrics off for baselines, and
+    greedy's log-probabilities too: the records never hold them."""
+    from ..decode.registry import make_sampler
+
+    return lambda name: make_sampler(
+        name, tokenizer=tokenizer, model_name=config.model_name, metrics=False, logprobs=False
+    )
+
+
+class ResultStore:
+    """DIR/config.json, DIR/items.jsonl (append-only), DIR/results.json."""
+
+    def __init__(self, out_dir, identity: dict):
+        self.dir = Path(out_dir) if out_dir is not None else None
+        self.records: dict[tuple, dict] = {}
+        if self.dir is None:
+            return
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ConfigError(f"--out {self.dir} is a file; give a directory")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config_file = self.dir / "config.json"
+        if config_file.exists():
+            try:
+                saved = json.loads(config_file.read_text())
+            except json.JSONDecodeError:
+                saved = None
+            if not isinstance(saved, dict):
+                raise ConfigError(f"{config_file} is not an eval config; use another --out directory")
+            differ = [k.replace("_", " ") for k in identity if k != "samplers" and saved.get(k) != identity[k]]
+            differ += [
+                f"settings of sampler '{n}'"
+                for n, s in identity["samplers"].items()
+                if n in saved.get("samplers", {}) and saved["samplers"][n] != s
+            ]
+            if differ:
+                raise ConfigError(
+                    f"{self.dir} holds results of a different eval ({', '.join(differ)} changed); "
+                    "use another --out directory, or delete it to start over"
+                )
+            identity = {**identity, "samplers": {**saved.get("samplers", {}), **identity["samplers"]}}
+        config_file.write_text(json.dumps(identity, indent=2) + "\n")
+        items = self.dir / "items.jsonl"
+        if items.exists():
+            for line in items.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                    self.records[(r["sampler"], r["seed"], r["index"])] = r
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut short by an interruption: that item runs again
+            # Drop a partial last line so appended records start on a line of their own.
+            text = items.read_text()
+            if text and not text.endswith("\n"):
+                items.write_text(text[: text.rfind("\n") + 1])
+
+    def check_items(self, items: list, prompts: list[list[int]]):
+        """Saved records must be about the same items with the same prompts."""
+        by_index = {t.index: (t, digest(p)) for t, p in zip(items, prompts, strict=False)}
+        for r in self.records.values():
+            item, prompt_digest = by_index.get(r["index"], (None, None))
+            if item is not None and (r.get("question") != item.question or r.get("prompt_sha256") != prompt_digest):
+                raise ConfigError(
+                    f"{self.dir} holds results for other questions or prompts (item {r['index'] + 1} differs); "
+                    "use another --out directory, or delete it to start over"
+                )
+
+    def add(self, record: dict):
+        self.records[(record["sampler"], record["seed"], record["index"])] = record
+        if self.dir is not None:
+            with open(self.dir / "items.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def write_results(self, results: dict):
+        if self.dir is not None:
+            (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], runs, progress=None):
+    """The result store for these items (resumed when `out_dir` holds one for the
+    same identity), the number of answers the run needs and how many are done."""
+    store = ResultStore(out_dir, identity)
+    store.check_items(items, prompts)
+    total = len(runs) * len(items)
+    done = sum((name, seed, item.index) in store.records for name, seed in runs for item in items)
+    if progress:
+        progress(done, total, "resuming" if done else "starting")
+    return store, total, done
+
+
+Rows = Callable[[str, list, list[Request], list[int]], Iterable[tuple[int, object, float]]]
+
+
+def run_items(
+    items: list,
+    prompts: list[list[int]],
+    identity: dict,
+    runs: list[tuple[str, int]],
+    max_tokens: int,
+    rows: Rows,
+    fields: Callable[[object, list[int], object, float], dict],
+    out_dir=None,
+    progress=None,
+    on_record: Callable[[dict], None] | None = None,
+) -> ResultStore:
+    """Every (sampler name, run seed) of `runs` over the items the store at
+    `out_dir` does not hold yet; returns the store, every record in it.
+
+    Items have `.index` and `.question`; `prompts[k]` is items[k]'s prompt tokens.
+    `rows(name, todo, requests, prefix)` yields (i, result, seconds) for todo[i],
+    in any order. `fields(item, prompt, result, seconds)` is the mode's part of
+    the record, after the fields every record starts with. `progress(done, total,
+    description)` is called after every item; `on_record(record)` sees each new
+    record after it is saved (tests use it to interrupt a run)."""
+    store, total, done = open_store(out_dir, identity, items, prompts, runs, progress)
+    prefix = common_prefix(prompts)
+    prompt_of = {item.index: p for item, p in zip(items, prompts, strict=False)}
+
+    for name, seed in runs:
+        todo = [item for item in items if (name, seed, item.index) not in store.records]
+        if not todo:
+            continue
+        requests = [Request(prompt_of[item.index], item_seed(seed, item.index), max_tokens) for item in todo]
+        for i, result, seconds in rows(name, todo, requests, prefix):
+            item = todo[i]
+            record = {
+                "sampler": name,
+                "seed": seed,
+                "index": item.index,
+                "question": item.question,
+                "prompt_sha256": digest(prompt_of[item.index]),
+                **fields(item, prompt_of[item.index], result, seconds),
+            }
+            store.add(record)
+            done += 1
+            if progress:
+                progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
+            if on_record:
+                on_record(record)
+    return store
