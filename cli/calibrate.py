@@ -65,9 +65,9 @@ def calibrate(
 ):
     """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
     chooses its strategy settings on the dev split."""
+    from entropix_mlx.eval.calibrate import PROMPTS, QUANTILES
+    from entropix_mlx.eval.calibrate import calibrate as run_calibration
     from entropix_mlx.model.loading import load, resolve
-    from entropix_mlx.sampling.calibrate import PROMPTS, QUANTILES
-    from entropix_mlx.sampling.calibrate import calibrate as run_calibration
     from entropix_mlx.sampling.cards import card_path
 
     if (keep_thresholds or only is not None) and not tune:

@@ -8,8 +8,8 @@ from conftest import make_tiny_model
 
 from entropix_mlx import files
 from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.eval import calibrate as cal
 from entropix_mlx.eval import tune as tuning
-from entropix_mlx.sampling import calibrate as cal
 from entropix_mlx.sampling.config import SamplerConfig, load_toml
 from entropix_mlx.sampling.metrics import METRIC_NAMES
 

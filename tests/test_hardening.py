@@ -19,7 +19,7 @@ from entropix_mlx import files
 from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.sampling import calibrate as calibration
+from entropix_mlx.eval import calibrate as calibration
 from entropix_mlx.sampling.samplers import Choice, GreedySampler
 
 EOS = 2  # the tiny tokenizer's <|im_end|>

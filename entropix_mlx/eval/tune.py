@@ -3,7 +3,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sampling.calibrate import PROMPTS, QUANTILES, toml_value, write_card
+from .calibrate import PROMPTS, QUANTILES, toml_value, write_card
 
 # -- tuning on the dev split ------------------------------------------------------------
 #

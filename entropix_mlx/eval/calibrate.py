@@ -15,8 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decode.generate import generate
 from ..files import write_atomic
-from .metrics import METRIC_NAMES
+from ..sampling.cards import card_path
+from ..sampling.config import SamplerConfig
+from ..sampling.metrics import METRIC_NAMES
+from ..sampling.samplers import TemperatureSampler
+from ..sampling.settings import read_toml
 
 # Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
 # writing, advice, definitions, translation, open questions, chit-chat.
@@ -65,9 +70,6 @@ def collect(
 ) -> dict[str, np.ndarray]:
     """Every step's six metrics over short sampled answers to `prompts`;
     `progress(i, n)` is called before each prompt."""
-    from ..decode.generate import generate
-    from .config import SamplerConfig
-    from .samplers import TemperatureSampler
 
     base = SamplerConfig()
     sampler = TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p)
@@ -203,9 +205,6 @@ def calibrate(
     Settings already in an existing card other than the thresholds (e.g. its
     thinking_text, tuned strategy parameters) are kept, and so are its other
     tables ([tuning], [deliberate], ...)."""
-    from .cards import card_path
-    from .config import SamplerConfig
-    from .settings import read_toml
 
     path = Path(out) if out else card_path(model_name)
     if samples is None:
