@@ -86,7 +86,7 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`.
 
     `weights`: "native" keeps the file's format, "float32" dequantizes once
-    (the CPU fast path), "auto" chooses per device and size (backend.py)."""
+    (the CPU fast path), "auto" chooses per device and size (accel/weights.py)."""
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
