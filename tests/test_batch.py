@@ -302,7 +302,7 @@ def test_every_rows_decision_takes_one_host_sync_and_equals_its_own_choose(tiny_
     keeps it."""
     import mlx.core as mx
 
-    from entropix_mlx.decode.generate import prefill
+    from entropix_mlx.decode.prefill import prefill
     from entropix_mlx.model.cache import make_cache
     from entropix_mlx.sampling.samplers import MinPSampler, Step, choose_together
 
@@ -365,7 +365,7 @@ def test_argmax_only_rows_decide_in_one_stacked_argmax_and_equal_their_own_choos
     so) and next to a row whose sampler is not argmax-only."""
     import mlx.core as mx
 
-    from entropix_mlx.decode.generate import prefill
+    from entropix_mlx.decode.prefill import prefill
     from entropix_mlx.model.cache import make_cache
     from entropix_mlx.sampling.samplers import Step, choose_together
 

@@ -137,7 +137,7 @@ def test_decode_across_the_growth_boundary_equals_full_pass(tiny_model):
 
 
 def test_chunked_prefill_equals_full_pass(tiny_model, monkeypatch):
-    """generate's prefill feeds long prompts in chunks; positions stay contiguous."""
+    """prefill (decode/prefill.py) feeds long prompts in chunks; positions stay contiguous."""
     monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 4)
     monkeypatch.setattr(prefill_module, "SINGLE_PASS_TOKENS", 2)
     tokens = [int(t) for t in np.random.default_rng(3).integers(3, 259, size=11)]
@@ -239,7 +239,7 @@ def test_a_joining_cache_takes_a_rows_slot_in_place_and_shared_padding_is_droppe
 
 
 def test_a_prompt_cache_holds_exactly_the_prefix_then_its_writes(tiny_model):
-    """A riding prompt's cache (batch.py): what the prefix holds, then each write in
+    """A riding prompt's cache (decode/group.py): what the prefix holds, then each write in
     order, with no empty slots; the prefix's own cache is untouched."""
     prefix = make_cache(tiny_model)
     for layer in prefix:

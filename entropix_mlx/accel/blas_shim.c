@@ -1,12 +1,10 @@
 /* A cblas_sgemm for thin products: the ones a decode step makes.
  *
  * MLX's CPU backend calls only cblas_sgemm, also for a decode step's products of one or a
- * few rows of activations with every weight matrix. OpenBLAS 0.3.21 (Debian 12) runs those
+ * few rows of activations with every weight matrix. OpenBLAS (0.3.21, Debian 12) runs those
  * far below the memory bandwidth: an M=1 GEMM packs the whole weight matrix on every call,
- * and even its GEMV streams the weights at ~24 GB/s on a 2-core x86-64 VM that reads
- * memory at ~60 GB/s. The 211 weight products of a SmolLM2-135M decode step took 38 ms as
- * one-row GEMMs, 22 ms as GEMVs and 13-17 ms with the kernel below; for 8 rows, 48 ms as
- * OpenBLAS GEMMs and 14-16 ms with the kernel below. So:
+ * and even its GEMV streams the weights well below what the memory delivers (figures in
+ * docs/speed.md). So:
  *   - 1..THIN_ROWS rows of activations times a weight matrix stored N x K (how MLX passes
  *     `x @ W.T`): thin_gemm below, which streams each weight row once, prefetched into L2,
  *     against all rows (AVX2 + FMA on x86-64, checked at init; GCC's generic vectors
@@ -27,9 +25,9 @@
 #endif
 
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
-/* Up to 64 rows: a joining prompt's ~20-35 tokens riding with 7 decode rows (batch.py) make
-   33-64. The 210 layer products of SmolLM2-135M at 33/41/52/64 rows: 53/63/75/90 ms here
-   against OpenBLAS's 70/86/104/110; from 80 rows OpenBLAS is faster (109 against 113 ms). */
+/* Up to 64 rows: a joining prompt's tokens ride with the decode rows (decode/group.py), so a
+   step's weight products reach a few dozen rows, where streaming the weights still beats
+   OpenBLAS's packed GEMM; with more rows its packing pays for itself and OpenBLAS is faster. */
 enum { THIN_ROWS = 64, THIN_MIN_WEIGHTS = 16384 };
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int,
@@ -65,10 +63,10 @@ typedef int v8i __attribute__((vector_size(32)));
 #endif
 
 /* Eight sums of eight lanes in one vector: out[j] = the sum of v_j's lanes, always in the order
-   ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), whichever tile the vectors come from (a row's
-   numbers must not depend on the rows sharing its product). Three rounds of pairwise adds across
-   the eight vectors, ~12 instructions for eight outputs where summing each vector alone took ~8
-   an output: 5-7% off the 210 layer products of 8-64 rows (in-process A/B, 15 runs each). */
+   ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), whichever tile the vectors come from: a row's
+   numbers must not depend on the rows sharing its product (tested bit for bit across batch sizes).
+   Three rounds of pairwise adds across the eight vectors share each shuffle among the outputs:
+   about 12 instructions for eight outputs, where reducing each vector alone takes about 8 each. */
 VECTOR static inline __attribute__((always_inline)) v8 sum8(v8 a, v8 b, v8 c, v8 d, v8 e, v8 f, v8 g, v8 h) {
 #define EVENS(x, y) SHUFFLE8(x, y, 0, 2, 8, 10, 4, 6, 12, 14)
 #define ODDS(x, y) SHUFFLE8(x, y, 1, 3, 9, 11, 5, 7, 13, 15)
@@ -87,8 +85,8 @@ VECTOR static inline __attribute__((always_inline)) v8 sum8(v8 a, v8 b, v8 c, v8
    against COLS weight rows, R x COLS accumulators kept in registers (4 x 3 = 12 of AVX2's 16).
    While it runs, the next tile's weight rows are prefetched into L2 (prefetcht2), once per
    cache line: the weights come from memory once per step, and without the prefetch the loads
-   and the arithmetic take turns. Prefetching into L1 instead (prefetcht0) filled the core's
-   few L1 miss buffers: 23 ms instead of 14-16 for an 8-row step's products. */
+   and the arithmetic take turns. Not into L1 (prefetcht0): that fills the core's few L1 miss
+   buffers, which the tile's own loads need. */
 #define TILE(R, COLS) TILE_FOR(VECTOR, R, COLS)
 #define TILE_FOR(TARGET, R, COLS)                                                                  \
     TARGET static inline __attribute__((always_inline)) void tile_##R##x##COLS(                   \
@@ -158,10 +156,9 @@ THIN_COLUMNS(thin_columns, VECTOR, 3)
 
 /* The attention's tiny products: in a decode step, per row and KV head, its few queries against
    the row's keys (q k^T, B stored N x K: K the head's dimension) and then its probabilities
-   against the row's values (p v, B stored K x N: K the keys, N the head's dimension). An 8-row
-   step of SmolLM2-135M makes 1,440 of them (8 rows x 3 KV heads x 2 x 30 layers), ~15,000
-   multiply-adds each, and OpenBLAS packed both operands on every call: 3.6-4.6 us a call, 1.4 s
-   of a 24 s eval at batch 8 (2-core Zen 3 VM). Here they run on the calling thread:
+   against the row's values (p v, B stored K x N: K the keys, N the head's dimension). A step
+   makes rows x KV heads x 2 x layers of them, each small, and OpenBLAS packs both operands on
+   every call, which dominates products this small. Here they run on the calling thread:
    - q k^T through thin_columns: the tiles, so the very sums, of thin_gemm, which takes these
      products itself once N x K reaches THIN_MIN_WEIGHTS (256 keys of 64 dimensions);
    - p v through tiny_nn: each output is one multiply-add per key (fused where the CPU has FMA,
@@ -206,11 +203,10 @@ VECTOR static void tiny_nn(int M, int N, int K, float alpha, const float *A, int
 
 /* With AVX-512VL, 32 vector registers instead of 16: tiles of 4 x 4 (16 accumulators, 4 weight
    vectors, one activation vector), still of 256-bit vectors. Each activation vector loaded then
-   serves 4 weight rows instead of 3: the 210 layer products 4-6% faster at 16-64 rows (a prompt
-   riding with the decode rows, batch.py), the same at 3-8, 10% slower at 2 (in-process A/B), so
-   they take products of more than 8 rows. Tiles of 6 x 3, 8 x 3, 6 x 4 and 4 x 6 were no faster or
-   slower (6 x 4: 4% slower at 32 rows, 8 x 3: 13%). The same sums, in the same order, as the
-   4 x 3 tiles: a product's numbers do not depend on which of the two runs (tests/test_backend.py). */
+   serves 4 weight rows instead of 3, which pays on products of many rows (a prompt riding with
+   the decode rows) but not on a few, so they take products of more than 8 rows. The same sums,
+   in the same order, as the 4 x 3 tiles: a product's numbers do not depend on which of the two
+   runs (tested bit for bit, tests/test_backend.py). */
 #if defined(__x86_64__)
 #define WIDE __attribute__((target("avx2,fma,avx512f,avx512vl")))
 TILE_FOR(WIDE, 4, 4)
@@ -246,10 +242,9 @@ static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda,
 /* OpenBLAS's own threads are turned off (`set_threads`, its openblas_set_num_threads, called
    with 1) where the shim has OpenMP: two thread pools on few cores take turns badly. OpenBLAS
    splits any product above 262,144 multiply-adds over its threads, also a prompt's tiny
-   attention products (3 x 30 queries against 54 keys of one head): a pass of a 30-token prompt
-   took 96-130 ms with them split, 79-81 ms without, its 30 weight products' OpenMP workers
-   spinning while OpenBLAS's threads woke. The products worth splitting are split here instead,
-   on the same OpenMP threads (split_sgemm). */
+   attention products, and the weight products' OpenMP workers then spin while OpenBLAS's
+   threads wake. The products worth splitting are split here instead, on the same OpenMP
+   threads (split_sgemm). */
 int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
     real_sgemm = (sgemm_fn)sgemm;
     real_sgemv = (sgemv_fn)sgemv;

@@ -1,23 +1,20 @@
 """exp for the CPU backend, and where it is hot: SwiGLU, softmax, logsumexp; and RoPE.
 
-MLX's CPU `exp` and `sigmoid` cost 15-20 ns per element on Linux x86 (scalar
-code). Over the bundled model's 30 layers that was 6 ms of an 8-row decode step
-in the MLPs' silu and 25 ms of a pass over 32 tokens, as much as a third of the
-weight products; the attention's softmax adds 2-4 ms more, and each row's
-log-probability (a logsumexp over the 49,152-token vocabulary) 0.6 ms. Here exp is Cephes'
-`expf` in MLX ops (range reduction to r in [-ln2/2, ln2/2] with ln 2 split in
-two parts, a degree-7 polynomial, 2^n put in the float's exponent bits),
-compiled so that MLX runs it as a few fused kernels: about 2.6 ns per element,
-within 2e-7 of the exact value (tests/test_cpu_math.py). On a GPU, and for
-other dtypes, MLX's own kernels stay.
+MLX's CPU `exp` and `sigmoid` are scalar code on Linux x86, slow enough that the
+MLPs' silu costs a sizeable share of a pass next to its weight products, and the
+attention's softmax and each row's log-probability (a logsumexp over the whole
+vocabulary) add more. Here exp is Cephes' `expf` in MLX ops (range reduction to
+r in [-ln2/2, ln2/2] with ln 2 split in two parts, a degree-7 polynomial, 2^n put
+in the float's exponent bits), compiled so that MLX runs it as a few fused
+kernels, within 2e-7 of the exact value (tests/test_cpu_math.py). On a GPU, and
+for other dtypes, MLX's own kernels stay. Figures are in docs/speed.md.
 
-RoPE: on the CPU `mx.fast.rope` falls back to a dozen small kernels, ~110 us a
-call, twice a decode step's cost of its arithmetic. The same formula (MLX's own
+RoPE: on the CPU `mx.fast.rope` falls back to a dozen small kernels, whose
+overhead outweighs a decode step's rotation itself. The same formula (MLX's own
 frequencies, `base ** (-2j / dims)` computed as MLX computes it) is bit for bit
 equal (tests/test_cpu_math.py) and split in two: the cos and sin tables, made
 once per pass (every layer rotates the same positions), and the rotation, one
-fused kernel on contiguous arrays. In a decode step of 8 rows RoPE took 4.2 ms
-of ~37 as one compiled call per layer.
+fused kernel on contiguous arrays.
 """
 
 import functools
@@ -33,8 +30,8 @@ _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exac
 
 
 # 1.5 * 2**23: a float32 sum with it keeps no fraction, so (v + _ROUND) - _ROUND is v
-# rounded to an integer (|v| < 2**22). MLX's CPU `floor` is a libm call per element:
-# this makes the whole exp 1.5x faster (3.9 -> 2.6 ns an element).
+# rounded to an integer (|v| < 2**22). MLX's CPU `floor` is a libm call per element,
+# a large share of the whole exp's cost; two additions are not.
 _ROUND = 12582912.0
 
 

@@ -3,7 +3,7 @@
 On Linux, MLX runs on its CPU backend. There its quantized matmul is the
 bottleneck (a 4-bit matmul costs the same per row whatever the batch), while a
 float32 matmul goes to `cblas_sgemm`. The `mlx[cpu]` wheel links a slow
-reference BLAS; a system OpenBLAS is 5-10x faster. `entropix_mlx.accel.enable()`
+reference BLAS; a system OpenBLAS is much faster. `entropix_mlx.accel.enable()`
 (blas.py) loads it before `mlx.core` is first imported, so MLX's calls resolve
 to it. So this module must not import MLX at module level.
 
@@ -16,8 +16,9 @@ OpenBLAS; Accelerate on macOS), native otherwise, and always native on a GPU
 
 Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
 of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
-(Debian 12) runs those far below the memory bandwidth (an M=1 GEMM at about half
-its GEMV's speed, the GEMV itself at under half the bandwidth). `blas_shim.c` is
+(Debian 12) runs those far below the memory bandwidth (an M=1 GEMM packs the whole
+weight matrix on every call; even its GEMV streams the weights below the memory's
+speed). `blas_shim.c` is
 a `cblas_sgemm` that sends products of 1-64 rows with a weight matrix to a
 kernel of its own (each weight row read once for every row, prefetched, split
 over the cores with OpenMP), the attention's tiny products of a decode step to
@@ -94,8 +95,8 @@ def choose_weights(requested: str, model) -> str:
 
 
 def _real_blas() -> bool:
-    # MLX's own reference BLAS runs a float32 matmul at about what its quantized kernel
-    # costs, at 4.7x the memory: float32 pays only with a real BLAS.
+    # MLX's own reference BLAS runs a float32 matmul no faster than its quantized kernel,
+    # on several times the memory: float32 pays only with a real BLAS.
     return bool(blas_info()["name"]) or sys.platform == "darwin"
 
 

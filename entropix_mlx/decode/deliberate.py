@@ -11,7 +11,7 @@ One answer is a root row, decoded greedily, plus branch rows it spawns:
   likely tokens do, at most `max_branch_points` times.
 
 Every branch continues greedily to the end of its answer. All rows are rows of
-batch.py's generator: they advance together, one forward pass per step, over a
+the batch engine (engine.py): they advance together, one forward pass per step, over a
 prompt stored once (`share_prefix`); a branch starts on a copy of its parent's
 generated positions only. The candidates (the greedy answer always among them)
 are then compared by a selector (`answer_scores`) and the greedy answer is

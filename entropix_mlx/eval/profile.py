@@ -29,7 +29,7 @@ def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, s
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..decode.generate import prefill
+    from ..decode.prefill import prefill
     from ..model.cache import make_cache
 
     sampler = make_sampler("entropix", tokenizer=tokenizer, model_name=model_name)

@@ -44,12 +44,12 @@ class KVCache(_MlxLmKVCache):
 
 
 class PromptCache(KVCache):
-    """A prompt's cache on its way into a batch (decode/engine.py): written once,
-    by the prompt's pass, then copied into a batch row, never decoded into. So a
-    write is one concatenation to what it holds (the shared prefix it forks),
-    where KVCache's first write after a fork allocates `step` empty slots, copies
-    the prefix in and writes into them: 2 ops a layer instead of 10, which the CPU
-    pays per prompt. Several writes stay correct, each a copy of the whole cache."""
+    """A prompt's cache on its way into a batch (decode/group.py): written once, by
+    the prompt's pass, then copied into a batch row, never decoded into. So a write
+    is one concatenation to what it holds (the shared prefix it forks), where
+    KVCache's first write after a fork allocates `step` empty slots, copies the
+    prefix in and writes into them: 2 ops a layer instead of 10. Several writes
+    stay correct, each a copy of the whole cache."""
 
     def update_and_fetch(self, keys, values):
         self._check_room(keys.shape[2])

@@ -292,7 +292,7 @@ class EntropixSampler(TwoPhaseSampler):
     # -- the decision -------------------------------------------------------------
 
     def finish(self, step: Step, plan: dict) -> Choice:
-        """The decision from the evaluated `plan` (batch.py evaluates every
+        """The decision from the evaluated `plan` (the batch engine evaluates every
         row's plan at once): the strategy table, the candidate scores, and any
         rollout or insertion."""
         c = self.config

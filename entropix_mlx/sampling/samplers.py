@@ -40,13 +40,13 @@ class Choice:
     inserted: bool = False  # the tokens are an inserted thinking text, not sampled
     note: str = ""  # what the sampler had to repair, e.g. NaN logits ("" when nothing)
     # Alternatives to this (one-token) choice, each to start a row of its own at
-    # this position in batched generation: (token, logprob, metrics). See batch.py.
+    # this position in batched generation: (token, logprob, metrics). See decode/group.py.
     spawn: list = field(default_factory=list)
 
 
 class Sampler(Protocol):
     """`choose` is all a sampler needs. A sampler may also split it in two, so
-    that batch.py evaluates every row's decision graph in one host sync rather
+    that the batch engine (decode/group.py) evaluates every row's decision graph in one host sync rather
     than one per row: `plan(step, key)` builds the decision's lazy arrays and
     `finish(step, plan)` turns them, evaluated, into a `Choice` (it may still
     run the model, as Entropix's branch rollouts do). Then `choose` must equal
