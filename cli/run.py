@@ -24,6 +24,7 @@ from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import DEFAULT_MODEL, load, resolve
 from entropix_mlx.sampling.config import PRESETS, resolve_config
 from entropix_mlx.sampling.registry import SAMPLER_NAMES, make_sampler
+from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
 from .deliberation import deliberation_progress
@@ -354,7 +355,7 @@ def run(
             if not json_lines:
                 err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
                 if color:
-                    err.print(render.legend(render.sampler_strategies(chooser)))
+                    err.print(render.legend(sampler_strategies(chooser)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                     generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:
