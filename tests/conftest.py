@@ -95,6 +95,17 @@ def tiny_tokenizer():
     return make_tiny_tokenizer()
 
 
+REAL_MODEL_FIXTURES = {"smollm", "smollm_native"}
+
+
+def pytest_collection_modifyitems(items):
+    # A test on the real bundled model takes seconds: it belongs to the slow lane
+    # (`-m "not slow"` leaves it out) whether or not it carries the mark itself.
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm():
     """The real bundled model as users get it by default (`--weights auto`: float32

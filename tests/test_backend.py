@@ -76,6 +76,7 @@ def test_matmuls_are_exact_through_whatever_blas_runs():
     exec(_LAYOUT_CHECK, {})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 def test_shim_is_built_cached_and_exact(tmp_path):
     import shutil
@@ -91,6 +92,7 @@ def test_shim_is_built_cached_and_exact(tmp_path):
     assert again["shim"] == info["shim"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 @pytest.mark.parametrize(
     "env, reason",
@@ -103,6 +105,7 @@ def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reaso
     assert info["name"] == "OpenBLAS" and info["shim"] is None and reason in info["shim_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_path):
     import shutil
@@ -197,23 +200,27 @@ def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
         blas.wide_thin_tiles(True)
 
 
+@pytest.mark.slow
 def test_blas_none_loads_nothing_and_says_why():
     info = _blas_in_subprocess("none")
     assert info["name"] is None and info["reason"] == "ENTROPIX_BLAS=none"
 
 
+@pytest.mark.slow
 def test_blas_bad_path_falls_back_without_failing(tmp_path):
     missing = tmp_path / "libopenblas-missing.so.0"
     info = _blas_in_subprocess(str(missing))
     assert info["name"] is None and str(missing) in info["reason"]
 
 
+@pytest.mark.slow
 def test_blas_after_mlx_import_is_refused_with_a_reason():
     # The BLAS must be in the global scope before MLX binds its own.
     info = _blas_in_subprocess(None, extra="import mlx.core; ")
     assert info["name"] is None and "mlx.core was imported before" in info["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="BLAS discovery is for Linux")
 def test_system_openblas_is_found_when_installed():
     from pathlib import Path
@@ -290,6 +297,7 @@ def test_describe_names_device_format_and_blas():
     assert weights.describe(_quantized_tiny()) == "cpu · native 4-bit weights"
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_weight_format_in_one_line():
     out = subprocess.run(
         [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", "run", "hi", "--weights", "fp8"],
