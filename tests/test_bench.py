@@ -206,7 +206,9 @@ def test_cli_json_on_the_bundled_model(capsys):
     assert result["entropix_greedy"]["peak_memory_gb"] == pytest.approx(result["mlx_lm"]["peak_memory_gb"], rel=0.2)
 
 
-def test_compute_paths_name_each_side():
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_compute_paths_name_each_side(monkeypatch, device):
+    import mlx.core as mx
     import mlx.nn as nn
     from conftest import make_tiny_model
 
@@ -217,9 +219,10 @@ def test_compute_paths_name_each_side():
     theirs = make_tiny_model()
     nn.quantize(theirs, group_size=32, bits=4)
     ours = to_float32(make_tiny_model())
+    monkeypatch.setattr(mx, "default_device", lambda: getattr(mx, device))
     paths = compute_paths(ours, theirs)
     assert paths == {
-        "mlx_lm": "cpu · native 4-bit weights · MLX quantized matmul",
-        "entropix": f"cpu · float32 weights · {blas_name()}",
+        "mlx_lm": f"{device} · native 4-bit weights · MLX quantized matmul",
+        "entropix": f"{device} · float32 weights" + (f" · {blas_name()}" if device == "cpu" else ""),
         "blas": blas_name(),
     }
