@@ -70,6 +70,12 @@ def eos_only_model():
     return model
 
 
+def run_alone(run: bench.Run) -> bench.RunResult:
+    while not run.done:
+        run.advance(bench.CHUNK_TOKENS)
+    return run.result()
+
+
 def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
     model, tokenizer = eos_only_model(), make_tiny_tokenizer()
     tokenizer.eos_token_ids = {0}
@@ -80,8 +86,9 @@ def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
 
     assert [r.finish_reason for r in stream_generate(mlx_lm_twin(model), tokenizer, prompt, max_tokens=8)] == ["stop"]
 
-    theirs = bench.run_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8)
-    ours = bench.run_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False))
+    with bench.no_eos(tokenizer):
+        theirs = run_alone(bench.start_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8))
+        ours = run_alone(bench.start_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False)))
     assert theirs.gen_tokens == ours.gen_tokens == 8
     assert ours.strategy_counts == {"argmax": 8}
     assert tokenizer.eos_token_ids == {0}  # restored afterwards
@@ -127,7 +134,7 @@ def test_a_long_wait_at_the_start_of_a_turn_is_counted(monkeypatch):
             yield i
 
     run = bench.Run(tokens(), 4, 0, list, lambda first: 0.25)
-    bench.run_to_end(run)
+    run_alone(run)
     result = run.result()
     assert run.first_token_s == 1.0 and run.decode_steps == n - 1
     # Prefill is the engine's own prompt time (0.25 s here), not the time to the first token.
