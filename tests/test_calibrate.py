@@ -259,6 +259,7 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     assert {t["name"] for t in data["tuning"]["earlier"]} == {"card", "no-think"}
 
 
+@pytest.mark.slow  # loads the real model before it looks for the card
 def test_keep_thresholds_needs_tune_and_a_card(tmp_path, capsys):
     from entropix_mlx.cli.app import main
 
