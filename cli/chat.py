@@ -17,6 +17,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
+from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
 from .options import (
@@ -74,7 +75,7 @@ class ChatSession:
     def show_sampler(self):
         self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model))
         if self.color:
-            self.out.print(render.legend(render.sampler_strategies(self.sampler)))
+            self.out.print(render.legend(sampler_strategies(self.sampler)))
 
     # -- the loop -------------------------------------------------------------
 

@@ -4,6 +4,8 @@ text), on stderr, before the chosen answer is printed in colour."""
 
 from rich.text import Text
 
+from entropix_mlx.sampling.strategies import strategy_color
+
 from . import render
 
 
@@ -23,10 +25,10 @@ def deliberation_progress(console, tokenizer, color: bool):
         line = Text()
         line.append(f"[{state['done']} done · {state['tokens']} tokens] ", style=render.META_STYLE)
         if result.parent is None:
-            line.append("greedy", style=render.strategy_color("argmax") if color else "")
+            line.append("greedy", style=strategy_color("argmax") if color else "")
         else:
             first = tokenizer.decode(result.tokens[result.split : result.split + 1])
-            line.append(f"branch at token {result.split}", style=render.strategy_color("branch") if color else "")
+            line.append(f"branch at token {result.split}", style=strategy_color("branch") if color else "")
             line.append(f" ({first!r} instead)", style=render.META_STYLE)
         line.append(f" · {own} tokens · {_snippet(tokenizer.decode(result.tokens))!r}", style=render.META_STYLE)
         console.print(line)

@@ -1,8 +1,9 @@
-"""How tokens look in the terminal: strategy → colour, the legend, the summary line.
+"""How tokens look in the terminal: each strategy in its colour
+(entropix_mlx/sampling/strategies.py), the legend, the summary line.
 
-Every strategy has its own colour, argmax included, so that a reader (or a test
-reading the escape codes) can tell each token's origin. Plain output (not a
-terminal, `--no-color`, or NO_COLOR set) is the same text without styles.
+A reader (or a test reading the escape codes) can tell each token's origin by
+its colour. Plain output (not a terminal, `--no-color`, or NO_COLOR set) is the
+same text without styles.
 """
 
 import sys
@@ -10,35 +11,9 @@ import sys
 from rich.console import Console
 from rich.text import Text
 
-# The stable strategy names of the samplers (entropix: the first five; baselines: argmax, sample).
-STRATEGY_COLORS = {
-    "argmax": "green",
-    "think": "magenta",
-    "branch": "yellow",
-    "resample": "red",
-    "adaptive": "bright_blue",
-    "sample": "cyan",
-    "split": "green underline",  # deliberate: a greedy token where branches split off (marked)
-}
-# For strategies a future sampler may add: still one distinct colour each.
-SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]
-
-# Which strategies each sampler can produce, for the legend.
-SAMPLER_STRATEGIES = {
-    "entropix": ["argmax", "think", "branch", "resample", "adaptive"],
-    "greedy": ["argmax"],
-    "temperature": ["sample", "argmax"],  # temperature 0 is greedy
-    "min_p": ["sample", "argmax"],
-    "deliberate": ["argmax", "split", "branch"],
-}
+from entropix_mlx.sampling.strategies import strategy_color
 
 META_STYLE = "dim"
-
-
-def strategy_color(strategy: str) -> str:
-    if strategy not in STRATEGY_COLORS:
-        STRATEGY_COLORS[strategy] = SPARE_COLORS[(len(STRATEGY_COLORS) - 6) % len(SPARE_COLORS)]
-    return STRATEGY_COLORS[strategy]
 
 
 def make_console(stderr: bool = False, no_color: bool = False) -> Console:
@@ -66,20 +41,6 @@ def write_token(console: Console, text: str, strategy: str, color: bool):
     else:
         console.file.write(text)
     console.file.flush()
-
-
-def legend_strategies(name: str, config=None) -> list[str]:
-    """The strategies sampler `name` can choose: an Entropix config may switch some
-    off (adaptive, the fallback, always stays)."""
-    enabled = getattr(config, "strategies", None)
-    if name == "entropix" and enabled:
-        return [s for s in SAMPLER_STRATEGIES["entropix"] if s in enabled or s == "adaptive"]
-    return list(SAMPLER_STRATEGIES.get(name, []))
-
-
-def sampler_strategies(sampler) -> list[str]:
-    """The strategies this sampler instance can choose (its own config decides)."""
-    return legend_strategies(sampler.name, getattr(sampler, "config", None))
 
 
 def legend(strategies) -> Text:

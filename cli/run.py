@@ -23,6 +23,7 @@ from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
+from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
 from .deliberation import deliberation_progress
@@ -223,7 +224,7 @@ def run(
             if not json_lines:
                 err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
                 if color:
-                    err.print(render.legend(render.sampler_strategies(chooser)))
+                    err.print(render.legend(sampler_strategies(chooser)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                     generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:

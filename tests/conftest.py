@@ -89,6 +89,16 @@ def make_tiny_model(seed: int = 0, **overrides):
 
 
 @pytest.fixture
+def on_cpu():
+    """MLX's CPU device for this test, whatever the default (a Mac's is the GPU):
+    for tests of the CPU path (its own kernels, the BLAS)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
+@pytest.fixture
 def tiny_model():
     return make_tiny_model()
 
@@ -98,10 +108,22 @@ def tiny_tokenizer():
     return make_tiny_tokenizer()
 
 
+REAL_MODEL_FIXTURES = {"smollm", "smollm_native", "smollm_float32"}
+
+
+def pytest_collection_modifyitems(items):
+    # A test on the real bundled model takes seconds: it belongs to the slow lane
+    # (`-m "not slow"` leaves it out) whether or not it carries the mark itself.
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm():
     """The real bundled model as users get it by default (`--weights auto`: float32
-    weights on the CPU): (model, tokenizer). Loaded once (about 2 s)."""
+    weights on the CPU, the file's own format on a GPU): (model, tokenizer).
+    Loaded once (about 2 s)."""
     from entropix_mlx import load
 
     return load()
@@ -113,6 +135,16 @@ def smollm_native():
     from entropix_mlx import load
 
     return load(weights="native")
+
+
+@pytest.fixture(scope="session")
+def smollm_float32(smollm):
+    """The bundled model with float32 weights on any device (`auto` gives them
+    only on the CPU)."""
+    from entropix_mlx import load
+    from entropix_mlx.accel.weights import weights_format
+
+    return smollm if weights_format(smollm[0]) == "float32" else load(weights="float32")
 
 
 @pytest.fixture

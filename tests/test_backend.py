@@ -45,6 +45,7 @@ def _openblas_present() -> bool:
 # stride, transpose flag, tile edge or share in blas_shim.c gives numbers far off, not rounding.
 _LAYOUT_CHECK = """
 import numpy as np, mlx.core as mx
+mx.set_default_device(mx.cpu)
 rng = np.random.default_rng(0)
 worst = 0.0
 for m, n, k in [(1, 37, 19), (23, 1, 19), (1, 1, 7), (1, 576, 1536), (5, 9, 11),
@@ -71,11 +72,12 @@ _THREADS_CHECK = (
 )
 
 
-def test_matmuls_are_exact_through_whatever_blas_runs():
+def test_matmuls_are_exact_through_whatever_blas_runs(on_cpu):
     """In this process (the shim in front of OpenBLAS when both are there)."""
     exec(_LAYOUT_CHECK, {})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 def test_shim_is_built_cached_and_exact(tmp_path):
     import shutil
@@ -101,6 +103,7 @@ def test_shim_is_built_cached_and_exact(tmp_path):
     assert other["shim"] and other["shim"] != info["shim"] and "-DENTROPIX_SHUFFLE_MASKS" in calls.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 @pytest.mark.parametrize(
     "env, reason",
@@ -113,6 +116,7 @@ def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reaso
     assert info["name"] == "OpenBLAS" and info["shim"] is None and reason in info["shim_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
 def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_path):
     import shutil
@@ -138,7 +142,7 @@ def _thin_gemm_runs() -> bool:
 @pytest.mark.skipif(
     not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
 )
-def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of_keys():
+def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of_keys(on_cpu):
     """A decode step's attention, per row and head: its probabilities against its values are
     bit for bit the same with zero-probability keys in front (a batch's left padding), and its
     scores against its keys the same whether the product is small (the shim's tiny path) or
@@ -161,7 +165,7 @@ def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of
 @pytest.mark.skipif(
     not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
 )
-def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on_the_batch():
+def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on_the_batch(on_cpu):
     rng = np.random.default_rng(1)
     layer = nn.Linear(576, 1536)
     x = mx.array(rng.standard_normal((1, 64, 576)).astype(np.float32))
@@ -183,7 +187,7 @@ def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on
 @pytest.mark.skipif(
     not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
 )
-def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
+def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit(on_cpu):
     """More than 8 rows take the 4 x 4 tiles where the CPU has AVX-512VL; a row's numbers
     must be those of the 4 x 3 tiles (fewer rows, other CPUs). Shapes with remainders of
     both tile widths, of the 4-row tiles and of K's 8-wide steps."""
@@ -207,23 +211,27 @@ def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit():
         blas.wide_thin_tiles(True)
 
 
+@pytest.mark.slow
 def test_blas_none_loads_nothing_and_says_why():
     info = _blas_in_subprocess("none")
     assert info["name"] is None and info["reason"] == "ENTROPIX_BLAS=none"
 
 
+@pytest.mark.slow
 def test_blas_bad_path_falls_back_without_failing(tmp_path):
     missing = tmp_path / "libopenblas-missing.so.0"
     info = _blas_in_subprocess(str(missing))
     assert info["name"] is None and str(missing) in info["reason"]
 
 
+@pytest.mark.slow
 def test_blas_after_mlx_import_is_refused_with_a_reason():
     # The BLAS must be in the global scope before MLX binds its own.
     info = _blas_in_subprocess(None, extra="import mlx.core; ")
     assert info["name"] is None and "mlx.core was imported before" in info["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="BLAS discovery is for Linux")
 def test_system_openblas_is_found_when_installed():
     from pathlib import Path
@@ -248,7 +256,7 @@ def _quantized_tiny():
     return model
 
 
-def test_auto_picks_float32_on_cpu_and_native_over_the_budget(monkeypatch):
+def test_auto_picks_float32_on_cpu_and_native_over_the_budget(monkeypatch, on_cpu):
     monkeypatch.setitem(blas._blas, "name", "OpenBLAS")
     model = _quantized_tiny()
     assert weights.weights_format(model) == "native 4-bit"
@@ -258,7 +266,15 @@ def test_auto_picks_float32_on_cpu_and_native_over_the_budget(monkeypatch):
     assert weights.choose_weights("auto", model) == "native"
 
 
-def test_auto_keeps_the_native_weights_without_a_real_blas(monkeypatch):
+def test_auto_keeps_the_native_weights_on_a_gpu(monkeypatch):
+    monkeypatch.setitem(blas._blas, "name", "OpenBLAS")
+    model = _quantized_tiny()
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    assert weights.choose_weights("auto", model) == "native"
+    assert weights.choose_weights("float32", model) == "float32"
+
+
+def test_auto_keeps_the_native_weights_without_a_real_blas(monkeypatch, on_cpu):
     """On Linux without OpenBLAS, MLX's reference BLAS makes float32 no faster than the
     quantized kernel (and 4.7x the memory): auto keeps the file's format; asked for, float32
     still runs."""
@@ -293,13 +309,22 @@ def test_to_float32_matches_the_quantized_model_computed_in_float32():
     assert all(mx.abs(a - b).max().item() < 1e-4 for a, b in zip(scores, reference_scores, strict=False))
 
 
-def test_describe_names_device_format_and_blas():
-    text = weights.describe(weights.to_float32(_quantized_tiny()))
-    assert text.startswith("cpu · float32 weights · ")
-    assert text.endswith(blas.blas_name())
-    assert weights.describe(_quantized_tiny()) == "cpu · native 4-bit weights"
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_describe_names_device_format_and_blas(monkeypatch, device):
+    fast, quantized = weights.to_float32(_quantized_tiny()), _quantized_tiny()
+    monkeypatch.setattr(mx, "default_device", lambda: getattr(mx, device))
+    # Only the CPU's float32 matmuls go to the BLAS; a GPU's are MLX's own kernels.
+    blas_part = f" · {blas.blas_name()}" if device == "cpu" else ""
+    assert weights.describe(fast) == f"{device} · float32 weights{blas_part}"
+    assert weights.describe(quantized) == f"{device} · native 4-bit weights"
 
 
+def test_describe_names_the_device_in_use():
+    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+    assert weights.describe(_quantized_tiny()) == f"{device} · native 4-bit weights"
+
+
+@pytest.mark.slow
 def test_cli_rejects_a_bad_weight_format_in_one_line():
     out = subprocess.run(
         [sys.executable, "-c", "from entropix_mlx.cli.app import main; main()", "run", "hi", "--weights", "fp8"],
@@ -316,7 +341,7 @@ def test_cli_rejects_a_bad_weight_format_in_one_line():
 
 
 @pytest.mark.slow
-def test_bundled_float32_logits_match_native_within_1e_3(smollm, smollm_native):
+def test_bundled_float32_logits_match_native_within_1e_3(smollm_float32, smollm_native):
     """Prefill and 20 decode steps. The reference is the native Q4_1 model with its
     quantization scales in float32: the same weights, exact arithmetic. As
     shipped, the scales are float16 and MLX's quantized kernel then computes in
@@ -324,7 +349,7 @@ def test_bundled_float32_logits_match_native_within_1e_3(smollm, smollm_native):
     must agree at every step."""
     from entropix_mlx import load
 
-    fast, tokenizer = smollm
+    fast, tokenizer = smollm_float32
     native, _ = smollm_native
     exact, _ = load(weights="native")
     exact.set_dtype(mx.float32)
@@ -342,12 +367,12 @@ def test_bundled_float32_logits_match_native_within_1e_3(smollm, smollm_native):
 
 
 @pytest.mark.slow
-def test_bundled_float32_greedy_equals_native_on_three_prompts(smollm, smollm_native):
+def test_bundled_float32_greedy_equals_native_on_three_prompts(smollm_float32, smollm_native):
     """16 tokens each here (the README reports 40, measured the same way)."""
     from entropix_mlx.decode.generate import generate
     from entropix_mlx.sampling.samplers import GreedySampler
 
-    fast, tokenizer = smollm
+    fast, tokenizer = smollm_float32
     native, _ = smollm_native
     for prompt in ("Why is the sky blue?", "Write a haiku about rain.", "What is 12 times 7?"):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)

@@ -70,6 +70,12 @@ def eos_only_model():
     return model
 
 
+def run_alone(run: bench.Run) -> bench.RunResult:
+    while not run.done:
+        run.advance(bench.CHUNK_TOKENS)
+    return run.result()
+
+
 def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
     model, tokenizer = eos_only_model(), make_tiny_tokenizer()
     tokenizer.eos_token_ids = {0}
@@ -80,8 +86,9 @@ def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
 
     assert [r.finish_reason for r in stream_generate(mlx_lm_twin(model), tokenizer, prompt, max_tokens=8)] == ["stop"]
 
-    theirs = bench.run_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8)
-    ours = bench.run_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False))
+    with bench.no_eos(tokenizer):
+        theirs = run_alone(bench.start_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8))
+        ours = run_alone(bench.start_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False)))
     assert theirs.gen_tokens == ours.gen_tokens == 8
     assert ours.strategy_counts == {"argmax": 8}
     assert tokenizer.eos_token_ids == {0}  # restored afterwards
@@ -127,7 +134,7 @@ def test_a_long_wait_at_the_start_of_a_turn_is_counted(monkeypatch):
             yield i
 
     run = bench.Run(tokens(), 4, 0, list, lambda first: 0.25)
-    bench.run_to_end(run)
+    run_alone(run)
     result = run.result()
     assert run.first_token_s == 1.0 and run.decode_steps == n - 1
     # Prefill is the engine's own prompt time (0.25 s here), not the time to the first token.
@@ -206,7 +213,9 @@ def test_cli_json_on_the_bundled_model(capsys):
     assert result["entropix_greedy"]["peak_memory_gb"] == pytest.approx(result["mlx_lm"]["peak_memory_gb"], rel=0.2)
 
 
-def test_compute_paths_name_each_side():
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_compute_paths_name_each_side(monkeypatch, device):
+    import mlx.core as mx
     import mlx.nn as nn
     from conftest import make_tiny_model
 
@@ -217,9 +226,10 @@ def test_compute_paths_name_each_side():
     theirs = make_tiny_model()
     nn.quantize(theirs, group_size=32, bits=4)
     ours = to_float32(make_tiny_model())
+    monkeypatch.setattr(mx, "default_device", lambda: getattr(mx, device))
     paths = compute_paths(ours, theirs)
     assert paths == {
-        "mlx_lm": "cpu · native 4-bit weights · MLX quantized matmul",
-        "entropix": f"cpu · float32 weights · {blas_name()}",
+        "mlx_lm": f"{device} · native 4-bit weights · MLX quantized matmul",
+        "entropix": f"{device} · float32 weights" + (f" · {blas_name()}" if device == "cpu" else ""),
         "blas": blas_name(),
     }

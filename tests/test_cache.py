@@ -8,7 +8,7 @@ import pytest
 from entropix_mlx.decode import prefill as prefill_module
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
-from entropix_mlx.model.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache, trim_cache
+from entropix_mlx.model.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache
 from entropix_mlx.sampling.samplers import GreedySampler
 
 
@@ -48,14 +48,14 @@ def test_trim_then_write_continues_at_the_trimmed_position():
     assert cache.trim(1000) == 17 and cache.offset == 0  # never below empty
 
 
-def test_trim_cache_and_cache_length_on_all_layers(tiny_model):
+def test_cache_length_on_all_layers(tiny_model):
     cache = make_cache(tiny_model)
     assert len(cache) == len(tiny_model.layers) and cache_length(cache) == 0
     tiny_model(mx.array([[5, 6, 7, 8, 9]]), cache)
     assert cache_length(cache) == 5
-    assert trim_cache(cache, 2) == 2
-    assert [c.offset for c in cache] == [3, 3]
-    assert trim_cache([], 2) == 0 and cache_length([]) == 0
+    assert [c.trim(2) for c in cache] == [2, 2]
+    assert [c.offset for c in cache] == [3, 3] and cache_length(cache) == 3
+    assert cache_length([]) == 0
 
 
 def test_fork_is_independent_both_ways():

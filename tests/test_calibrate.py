@@ -190,6 +190,7 @@ def test_tuned_card_text_sets_sampler_fields_and_replaces_tuning():
     assert data["calibration"]["steps"] == 5 and "# old" not in new and new.startswith("# card\n")
 
 
+@pytest.mark.slow
 def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_path, monkeypatch, tiny_tokenizer):
     path = tmp_path / "tiny.toml"
     cal.calibrate(None, None, "tiny", out=path, samples=synthetic_samples())
@@ -226,6 +227,7 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
     assert [t["name"] for t in data["tuning"]["earlier"]] == ["card"]  # "margin" ran again: a trial now
 
 
+@pytest.mark.slow
 def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
@@ -257,6 +259,7 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     assert {t["name"] for t in data["tuning"]["earlier"]} == {"card", "no-think"}
 
 
+@pytest.mark.slow  # loads the real model before it looks for the card
 def test_keep_thresholds_needs_tune_and_a_card(tmp_path, capsys):
     from entropix_mlx.cli.app import main
 

@@ -14,9 +14,10 @@ import termios
 import time
 
 import pytest
-from entropix_mlx.cli import render
 from entropix_mlx.cli.app import main
 from typer.testing import CliRunner
+
+from entropix_mlx.sampling.strategies import STRATEGY_COLORS
 
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
 OTHER_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-ln-z]|\x1b[=>]")  # cursor/mode codes, not colours
@@ -137,7 +138,7 @@ def test_run_colours_each_token_by_its_strategy_and_the_legend_matches():
     assert enabled >= {"argmax", "adaptive"}
     assert set(legend) == enabled
     assert len(set(legend.values())) == len(legend), "two strategies share a colour"
-    assert all(code == sgr_of(render.STRATEGY_COLORS[name]) for name, code in legend.items())
+    assert all(code == sgr_of(STRATEGY_COLORS[name]) for name, code in legend.items())
 
     # The answer, token by token, as --json reports it for the same seed.
     with CliRunner().isolation() as (out, err, _):

@@ -9,6 +9,9 @@ from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 from entropix_mlx.accel import cpu_math
 from entropix_mlx.accel.cpu_math import logsumexp, rope, softmax, swiglu
 
+# These are the CPU's own kernels: they run only on the CPU device (elsewhere MLX's run).
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 
 def test_cpu_exp_is_within_a_float_rounding_of_the_exact_one():
     x = np.concatenate([np.linspace(-87, 87, 1_000_001), np.linspace(-2, 2, 100_001)]).astype(np.float32)

@@ -228,7 +228,7 @@ def test_open_runner_measures_known_outputs(tiny, tmp_path):
         ev.run_eval(
             model, tokenizer, [ev.Task(0, "q", ["1"])], ev.EvalConfig(samplers=["greedy"]), out_dir=tmp_path / "o"
         )
-    assert "rep-4 %" in ev.markdown_table(results)
+    assert "rep-4 %" in ev.open_table_rows(results)[0]
 
 
 def test_open_table_rows():

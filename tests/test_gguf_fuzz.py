@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
 from conftest import CHAT_TEMPLATE, TINY_CONFIG, _byte_tokens, make_tiny_model
 from mlx.utils import tree_flatten
 
@@ -74,6 +75,7 @@ def test_tiny_gguf_loads(tmp_path):
     assert tokenizer.encode(" a", add_special_tokens=False) == [259]  # the one merge applies
 
 
+@pytest.mark.slow
 def test_mutated_gguf_headers_never_crash_the_loader(tmp_path):
     header_end = write_tiny_gguf(tmp_path / "base.gguf")
     n_cases = 1000

@@ -385,6 +385,7 @@ def start(*args, **kwargs):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_signal_during_decode_keeps_valid_json_lines(tiny_gguf, sig, code):
     proc = start("run", "-m", tiny_gguf, "--json", "--raw", "--sampler", "greedy", "--max-tokens", "4000", "hi")
@@ -422,6 +423,7 @@ def test_signal_during_prefill_prints_the_summary(sig, code):
     assert "0 tokens" in err and "stopped: interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_closed_pipe_in_plain_mode_exits_quietly(tiny_gguf):
     proc = start("run", "-m", tiny_gguf, "--raw", "--sampler", "greedy", "--max-tokens", "4000", "hi")
     assert proc.stdout.read(1)
@@ -431,6 +433,7 @@ def test_closed_pipe_in_plain_mode_exits_quietly(tiny_gguf):
     assert "Traceback" not in err and "error" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_calibration_leaves_the_old_card(tiny_gguf, tmp_path, sig, code):
     card = tmp_path / "tiny.toml"

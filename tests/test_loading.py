@@ -391,6 +391,7 @@ def cli(*args, env=None):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "not-gguf", "truncated", "gemma"])
 def test_cli_bad_model_exits_2_with_one_error_line(bad_refs, case):
     result = cli("run", "-m", bad_refs[case][0], "hi")
@@ -401,6 +402,7 @@ def test_cli_bad_model_exits_2_with_one_error_line(bad_refs, case):
     assert result.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_cli_repo_id_offline_exits_2(tmp_path):
     result = cli(
         "run", "-m", "entropix-tests/no-such-model", "hi", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}

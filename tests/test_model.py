@@ -13,7 +13,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.rope_utils import Llama3RoPE
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.model.cache import fork_cache, make_cache, trim_cache
+from entropix_mlx.model.cache import fork_cache, make_cache
 from entropix_mlx.model.loading import FreqsRoPE, bundled_path, load_gguf
 from entropix_mlx.sampling.samplers import GreedySampler
 
@@ -144,7 +144,7 @@ def test_scores_cover_visible_keys_through_decode_trim_and_fork():
         logits, scores = model(mx.array([[token]]), cache)
         assert_step_matches(model, logits, scores, tokens)
 
-    assert trim_cache(cache, 3) == 3  # drop the last three positions
+    assert [c.trim(3) for c in cache] == [3, 3]  # drop the last three positions
     del tokens[-3:]
     tokens.append(77)
     logits, scores = model(mx.array([[77]]), cache)
@@ -163,7 +163,8 @@ def test_scores_cover_visible_keys_through_decode_trim_and_fork():
 
     # Trimming the original and overwriting positions the fork still holds
     # must not reach the fork (they shared the written prefix).
-    trim_cache(cache, 2)
+    for c in cache:
+        c.trim(2)
     del tokens[-2:]
     tokens += [130, 131]
     logits, scores = model(mx.array([[130, 131]]), cache)

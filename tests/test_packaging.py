@@ -6,6 +6,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,6 +26,7 @@ def _run(*args, cwd):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 def test_version_and_python_dash_m_run_the_same_app(tmp_path):
     from importlib.metadata import version
 

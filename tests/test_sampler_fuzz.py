@@ -72,6 +72,7 @@ def eager_mlx():
     mx.enable_compile()
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_samplers_always_return_a_valid_token(case):

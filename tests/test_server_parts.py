@@ -202,3 +202,32 @@ def test_serve_says_in_one_line_when_the_port_is_taken(capsys):
         taken.listen()
         code, err = run_cli(["serve", "--port", str(taken.getsockname()[1])], capsys)
     assert code == 2 and err.startswith("error: cannot listen on 127.0.0.1:") and len(err.splitlines()) == 1
+
+
+def test_page_colours_are_the_terminal_recordings():
+    """The page's hex colours are what Rich draws docs/run.svg with for the same
+    styles, decorations included; an unknown strategy gets a spare, as in the terminal."""
+    from rich.style import Style
+    from rich.terminal_theme import SVG_EXPORT_THEME
+
+    from entropix_mlx.sampling.strategies import SPARE_COLORS, STRATEGY_COLORS
+    from entropix_mlx.server.strategies import DECORATIONS, THEME_COLORS, css_color, page_info
+
+    def rich_hex(style):
+        color = Style.parse(style).color
+        return (color.get_truecolor(SVG_EXPORT_THEME) if color else SVG_EXPORT_THEME.foreground_color).hex
+
+    for style in [*STRATEGY_COLORS.values(), *SPARE_COLORS, *THEME_COLORS, "bold", "green bold italic"]:
+        assert css_color(style) == rich_hex(style), style
+    info = page_info(["entropix", "greedy", "deliberate", "no-such-sampler"])
+    assert info["background"] == SVG_EXPORT_THEME.background_color.hex
+    assert info["colors"]["argmax"] == "#98a84b" and info["colors"]["split"] == info["colors"]["argmax"]
+    assert info["decorations"] == {
+        name: [d for d in DECORATIONS if getattr(Style.parse(s), d)]
+        for name, s in STRATEGY_COLORS.items()
+        if any(getattr(Style.parse(s), d) for d in DECORATIONS)
+    }
+    assert info["decorations"]["split"] == ["underline"]
+    assert info["spare_colors"] == [rich_hex(c) for c in SPARE_COLORS]
+    assert info["legends"]["greedy"] == ["argmax"] and info["legends"]["no-such-sampler"] == []
+    assert info["legends"]["deliberate"] == ["argmax", "split", "branch"]

@@ -15,6 +15,9 @@ from serving import free_port, get, request
 from entropix_mlx.server import Engine, PrefixCache
 from entropix_mlx.server.app import create_app
 
+# A real HTTP server (uvicorn on a port), if on a tiny model.
+pytestmark = pytest.mark.slow
+
 ORIGIN = "http://app.example"
 
 

@@ -26,7 +26,7 @@ from .opentext import (
     summarize_open,
     text_metrics,
 )
-from .report import format_p, markdown_table, open_table_rows, plot, plot_open, strategy_text, table_rows
+from .report import format_p, open_table_rows, plot, plot_open, strategy_text, table_rows
 from .runner import EvalConfig, machine_description, rows_for, run_eval, summarize
 from .scoring import (
     LETTERS,

@@ -196,24 +196,6 @@ def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler
     )
 
 
-def run_to_end(run: Run) -> RunResult:
-    while not run.done:
-        run.advance(CHUNK_TOKENS)
-    return run.result()
-
-
-def run_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> RunResult:
-    """One mlx-lm run on its own (the eos switch is set while it runs)."""
-    with no_eos(tokenizer):
-        return run_to_end(start_mlx_lm(model, tokenizer, prompt, gen_tokens))
-
-
-def run_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> RunResult:
-    """One run of our engine on its own."""
-    with no_eos(tokenizer):
-        return run_to_end(start_entropix(model, tokenizer, prompt, gen_tokens, sampler, seed))
-
-
 def load_pair(ref: str | None, weights: str = "auto"):
     """Our model (`weights` as for `load`), mlx-lm's own Llama on the same file in
     the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""

@@ -38,15 +38,6 @@ def strategy_text(name: str, summary: dict) -> str:
     return ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items())
 
 
-def markdown_table(results: dict) -> str:
-    """The results as a Markdown table (accuracy or open text, whichever they are)."""
-    rows = open_table_rows(results) if results.get("mode") == "open" else table_rows(results)
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _pyplot():
     import matplotlib
 

@@ -29,10 +29,6 @@ item whose line has no number falls back to the whole output's rule above
 import re
 import unicodedata
 from fractions import Fraction
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .tasks import Task
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -194,9 +190,11 @@ def cot_answer_line(output: str) -> str:
     return lines[-1] if lines else ""
 
 
-def score(output: str, task: "Task", cot: bool = False) -> tuple[str | None, bool]:
-    """(what was extracted, as text; whether it is correct). With `cot`, from
-    the answer line of a chain of thought (`cot_answer_line`)."""
+def score(output: str, task, cot: bool = False) -> tuple[str | None, bool]:
+    """(what was extracted, as text; whether it is correct) for a `tasks.Task`
+    (scoring reads only its kind, answers and choices; tasks builds on scoring,
+    never the other way). With `cot`, from the answer line of a chain of
+    thought (`cot_answer_line`)."""
     kind = task.kind
     if cot:
         line = cot_answer_line(output)

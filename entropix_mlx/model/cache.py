@@ -85,11 +85,6 @@ def fork_cache(cache: list[KVCache]) -> list[KVCache]:
     return [c.fork() for c in cache]
 
 
-def trim_cache(cache: list[KVCache], n: int) -> int:
-    """Drop the last n positions from every layer; returns how many were dropped."""
-    return min(c.trim(n) for c in cache) if cache else 0
-
-
 def cache_length(cache: list[KVCache]) -> int:
     return cache[0].offset if cache else 0
 

@@ -1,35 +1,50 @@
-"""Strategy colours for the page: the terminal's own (cli/render.py), as the
-hex values of the theme `docs/run.svg` is drawn with, so a token looks the same
-in the terminal recording and on the page. A terminal style may add more than a
-colour (e.g. "green underline"): underline, bold and italic carry over as CSS."""
+"""Strategy colours for the page: the terminal's own (sampling/strategies.py), as
+the hex values of the theme `docs/run.svg` is drawn with (Rich's SVG export
+theme), so a token looks the same in the terminal recording and on the page. A
+style may add more than a colour (e.g. "green underline"): underline, bold and
+italic carry over as CSS."""
 
-from rich.style import Style
-from rich.terminal_theme import SVG_EXPORT_THEME
-
-from ..cli import render
+from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, legend_strategies, strategy_color
 
 DECORATIONS = ("underline", "bold", "italic")
-
-
-def _style(name: str) -> Style:
-    return Style.parse(name)
+# The theme's 16 terminal colours, by their style names.
+THEME_COLORS = {
+    "black": "#4b4e55",
+    "red": "#cc555a",
+    "green": "#98a84b",
+    "yellow": "#d0b344",
+    "blue": "#608ab1",
+    "magenta": "#98729f",
+    "cyan": "#68a0b3",
+    "white": "#c5c8c6",
+    "bright_black": "#9a9b99",
+    "bright_red": "#ff2627",
+    "bright_green": "#00823d",
+    "bright_yellow": "#d08442",
+    "bright_blue": "#1984e9",
+    "bright_magenta": "#ff2c7a",
+    "bright_cyan": "#398280",
+    "bright_white": "#fdfdc5",
+}
+THEME_FOREGROUND = "#c5c8c6"
+THEME_BACKGROUND = "#292929"
 
 
 def css_color(style: str) -> str:
-    color = _style(style).color
-    return (color.get_truecolor(SVG_EXPORT_THEME) if color is not None else SVG_EXPORT_THEME.foreground_color).hex
+    colors = [word for word in style.split() if word not in DECORATIONS]
+    return THEME_COLORS[colors[0]] if colors else THEME_FOREGROUND
 
 
 def page_info(sampler_names, entropix_config=None) -> dict:
     """Colours (and decorations) of every known strategy, a few spares for
     strategies a future sampler adds, and each sampler's legend (Entropix's: the
     strategies the served card leaves on, as in the terminal)."""
-    styles = {name: render.strategy_color(name) for name in list(render.STRATEGY_COLORS)}
-    decorations = {name: [d for d in DECORATIONS if getattr(_style(s), d)] for name, s in styles.items()}
+    styles = {name: strategy_color(name) for name in list(STRATEGY_COLORS)}
+    decorations = {name: [d for d in DECORATIONS if d in s.split()] for name, s in styles.items()}
     return {
         "colors": {name: css_color(s) for name, s in styles.items()},
         "decorations": {name: d for name, d in decorations.items() if d},
-        "spare_colors": [css_color(c) for c in render.SPARE_COLORS],
-        "legends": {name: render.legend_strategies(name, entropix_config) for name in sampler_names},
-        "background": SVG_EXPORT_THEME.background_color.hex,
+        "spare_colors": [css_color(c) for c in SPARE_COLORS],
+        "legends": {name: legend_strategies(name, entropix_config) for name in sampler_names},
+        "background": THEME_BACKGROUND,
     }

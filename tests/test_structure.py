@@ -1,0 +1,258 @@
+"""The package's shape: no import circles, no reaching into another module's
+private names, short modules, and no terminal code in the library.
+
+The walker reads the source with `ast` (nothing is imported), so it sees every
+import: at module level, inside functions, under `if TYPE_CHECKING:`."""
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# cli/ installs as entropix_mlx.cli (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"entropix_mlx": ROOT / "entropix_mlx", "entropix_mlx.cli": ROOT / "cli"}
+MAX_LINES = 400
+TERMINAL_PACKAGES = ("entropix_mlx.cli", "rich", "typer")
+# `python -m entropix_mlx` starts the terminal app: the one library file that may import it.
+CLI_ENTRY = "entropix_mlx.__main__"
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    imports: set[str] = field(default_factory=set)  # every module it imports, dotted, resolved
+    private: list[str] = field(default_factory=list)  # "line N: from X import _y"
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def find_modules(package_dirs: dict[str, Path]) -> dict[str, Module]:
+    modules = {}
+    for package, directory in package_dirs.items():
+        for path in sorted(directory.rglob("*.py")):
+            parts = [package, *path.relative_to(directory).with_suffix("").parts]
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            modules[name] = Module(name, path, is_package)
+    return modules
+
+
+def _absolute(module: Module, level: int, target: str | None) -> str:
+    """The absolute name of `from <dots><target> import ...` in `module`."""
+    if level == 0:
+        return target or ""
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def walk(package_dirs: dict[str, Path]) -> dict[str, Module]:
+    """Every module of the packages with the package modules it imports (only
+    modules of the packages; `from pkg import name` counts as importing
+    pkg.name when that is a module, else pkg) and the private names it takes
+    from them (imported, or read as an attribute of an imported module)."""
+    modules = find_modules(package_dirs)
+    for module in modules.values():
+        tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+        bound = {}  # local name -> package module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules:
+                        module.imports.add(alias.name)
+                        if alias.asname:
+                            bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, node.level, node.module)
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    if full in modules:
+                        module.imports.add(full)
+                        bound[alias.asname or alias.name] = full
+                    elif source in modules:
+                        module.imports.add(source)
+                        if is_private(alias.name):
+                            module.private.append(f"line {node.lineno}: from {source} import {alias.name}")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and is_private(node.attr)
+            ):
+                module.private.append(f"line {node.lineno}: {bound[node.value.id]}.{node.attr}")
+        module.imports.discard(module.name)
+    return modules
+
+
+def import_circles(modules: dict[str, Module]) -> list[list[str]]:
+    """One shortest circle through each group of modules that import each other
+    (Tarjan's strongly connected components, then a breadth-first search)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def connect(name):
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for other in sorted(modules[name].imports):
+            if other not in index:
+                connect(other)
+                low[name] = min(low[name], low[other])
+            elif other in on_stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == name:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for name in sorted(modules):
+        if name not in index:
+            connect(name)
+
+    circles = []
+    for group in groups:
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            name = queue.pop(0)
+            for other in sorted(modules[name].imports & group):
+                if other == start:
+                    circles.append(paths[name] + [start])
+                    queue = []
+                    break
+                if other not in paths:
+                    paths[other] = paths[name] + [other]
+                    queue.append(other)
+    return sorted(circles)
+
+
+def chain(circle: list[str]) -> str:
+    return " -> ".join(circle)
+
+
+@pytest.fixture(scope="module")
+def package():
+    return walk(PACKAGE_DIRS)
+
+
+def test_no_import_circles(package):
+    circles = import_circles(package)
+    if circles:
+        pytest.fail("import circles (counting imports inside functions):\n" + "\n".join(map(chain, circles)), False)
+
+
+def test_no_module_imports_private_names_of_another(package):
+    found = [f"{m.name} {use}" for m in package.values() for use in m.private]
+    if found:
+        pytest.fail("modules use another module's _private names:\n" + "\n".join(found), False)
+
+
+def test_modules_are_short(package):
+    long = {m.path.relative_to(ROOT): len(m.path.read_text(encoding="utf-8").splitlines()) for m in package.values()}
+    long = {path: n for path, n in long.items() if n > MAX_LINES}
+    if long:
+        pytest.fail(
+            f"modules over {MAX_LINES} lines: " + ", ".join(f"{p} ({n})" for p, n in sorted(long.items())), False
+        )
+
+
+def test_library_has_no_terminal_code(package):
+    found = []
+    for m in package.values():
+        if m.name.startswith("entropix_mlx.cli") or m.name == CLI_ENTRY:
+            continue
+        tree = ast.parse(m.path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(m, node.level, node.module)
+                names = [source] + [f"{source}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == p or n.startswith(p + ".") for n in names for p in TERMINAL_PACKAGES):
+                found.append(f"{m.name} line {node.lineno}: {ast.unparse(node)}")
+    if found:
+        pytest.fail("the library imports terminal code (cli, rich, typer):\n" + "\n".join(found), False)
+
+
+def test_walker_sees_all_modules(package):
+    assert {"entropix_mlx", "entropix_mlx.cli.render", "entropix_mlx.decode.engine", CLI_ENTRY} <= set(package)
+    assert "entropix_mlx.errors" in package["entropix_mlx.model.loading"].imports
+
+
+# The walker on a planted package: what it must catch.
+
+
+def plant(tmp_path, files: dict[str, str]) -> dict[str, Module]:
+    for rel, text in files.items():
+        path = tmp_path / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return walk({"pkg": tmp_path / "pkg"})
+
+
+def test_walker_finds_a_circle_through_a_function_import(tmp_path):
+    modules = plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from .sub import b\n",
+            "sub/__init__.py": "",
+            "sub/b.py": "import pkg.c\n",
+            "sub/d.py": "from ..a import thing\n",  # d -> a, but nothing imports d: no circle
+            "c.py": "def f():\n    from . import a\n",
+        },
+    )
+    assert import_circles(modules) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    assert chain(import_circles(modules)[0]) == "pkg.a -> pkg.sub.b -> pkg.c -> pkg.a"
+
+
+def test_walker_finds_a_circle_under_type_checking(tmp_path):
+    modules = plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .y import Y\n",
+            "y.py": "from .x import helper\n",
+        },
+    )
+    assert import_circles(modules) == [["pkg.x", "pkg.y", "pkg.x"]]
+
+
+def test_walker_passes_a_package_without_circles(tmp_path):
+    modules = plant(
+        tmp_path,
+        {"__init__.py": "from .a import f\n", "a.py": "from .b import g\n", "b.py": "import os\nimport json\n"},
+    )
+    assert import_circles(modules) == []
+    assert modules["pkg.a"].imports == {"pkg.b"} and modules["pkg"].imports == {"pkg.a"}
+
+
+def test_walker_finds_private_imports(tmp_path):
+    modules = plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "_hidden = 1\n__version__ = '1'\n",
+            "b.py": "from .a import _hidden, __version__\nfrom os import _exit\n",
+            "c.py": "def f():\n    from . import a as m\n    return m._hidden\n",
+        },
+    )
+    assert modules["pkg.b"].private == ["line 1: from pkg.a import _hidden"]  # dunders and other packages pass
+    assert modules["pkg.c"].private == ["line 3: pkg.a._hidden"]
+    assert modules["pkg.a"].private == []
