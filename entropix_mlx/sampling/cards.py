@@ -6,12 +6,12 @@ from pathlib import Path
 
 
 def cards_dir() -> Path:
-    # A checkout or editable install reads models/ beside the package; a regular
-    # install ships the same files as the package entropix_mlx.model_cards.
-    checkout = Path(__file__).resolve().parent.parent / "models"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(importlib.resources.files("entropix_mlx.model_cards")))
+    # Installed (editable or not), models/ is the package entropix_mlx.model_cards;
+    # only a checkout used without installing reads models/ beside the package.
+    try:
+        return Path(str(importlib.resources.files("entropix_mlx.model_cards")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "models"
 
 
 def card_path(model_name: str) -> Path:
