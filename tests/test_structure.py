@@ -190,6 +190,40 @@ def test_library_has_no_terminal_code(package):
         pytest.fail("the library imports terminal code (cli, rich, typer):\n" + "\n".join(found), False)
 
 
+# The packages in layers, lowest first: each may import only the ones before it
+# (and the top-level modules errors and files), so no concept reaches up.
+LAYERS = ("accel", "model", "sampling", "decode", ("eval", "server"))
+
+
+def layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    for i, layer in enumerate(LAYERS):
+        if parts[1] in ((layer,) if isinstance(layer, str) else layer):
+            return i
+    return None
+
+
+def test_packages_import_only_the_layers_below_them(package):
+    found = []
+    for m in package.values():
+        mine = layer_of(m.name)
+        if mine is None:
+            continue
+        for target in sorted(m.imports):
+            theirs = layer_of(target) if target.startswith("entropix_mlx.") else None
+            if theirs is not None and (
+                theirs > mine or (theirs == mine and target.split(".")[1] != m.name.split(".")[1])
+            ):
+                found.append(f"{m.name} imports {target}")
+    if found:
+        pytest.fail(
+            "a package imports one above or beside it (" + " < ".join(map(str, LAYERS)) + "):\n" + "\n".join(found),
+            False,
+        )
+
+
 def test_walker_sees_all_modules(package):
     assert {"entropix_mlx", "entropix_mlx.cli.render", "entropix_mlx.decode.engine", CLI_ENTRY} <= set(package)
     assert "entropix_mlx.errors" in package["entropix_mlx.model.loading"].imports
