@@ -1,12 +1,14 @@
-"""`entropix-mlx eval`: how often each sampler answers a task file correctly
-(`run_eval`), and what its free writing looks like (`run_open`, `eval --open`).
+"""Measuring: how often each sampler answers a task file correctly (`run_eval`),
+what its free writing looks like (`run_open`, `eval --open`), the metric
+distributions a model card's thresholds come from (`calibrate`, `tune`), and
+speed against mlx-lm (`bench`, `profile`).
 
 Modules: `tasks` (task files, prompts, the dev/test split), `scoring` (answer
 extraction, chain-of-thought answers), `stats` (Wilson intervals, the exact sign
 test, the paired comparison against greedy), `store` (the result directory and
 the resumable loop over runs both modes share), `runner` (the accuracy runner and
 its summary), `opentext` (open-text metrics and their runner) and `report`
-(tables and plots). Everything is re-exported here, so
+(tables and plots); the accuracy and open-text names are re-exported here, so
 `from entropix_mlx import eval as ev; ev.run_eval(...)` reaches all of it.
 """
 
