@@ -28,6 +28,7 @@ app = typer.Typer(
 
 def _print_version(value: bool):
     if value:
+        # only --version reads the installed version: importing this module stays light
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -50,6 +51,7 @@ def register_commands():
     """Import every command's module and add its command to `app`, once."""
     if app.registered_commands:
         return
+    # after enable(): the command modules import MLX (see the module doc)
     from . import bench, calibrate, chat, doctor, eval, models_cmd, run, serve
 
     for module in (run, chat, models_cmd, calibrate, bench, eval, serve, doctor):

@@ -5,11 +5,15 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.model.loading import DEFAULT_MODEL
 
 from .options import WeightsOpt
+
+# entropix_mlx.eval and rich.table are imported in the functions that use them: app.py
+# imports every command's module at each start (--help too), and only bench needs them.
 
 # Defaults keep a run to a few minutes on a 2-core CPU with the bundled model:
 # 3 variants x 2 repeats x (64 + 128) tokens. docs/speed.md's figures use
@@ -72,7 +76,6 @@ def bench(
 
 
 def print_tables(result: dict):
-    from rich.console import Console
     from rich.table import Table
 
     console = Console()

@@ -10,11 +10,15 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import DEFAULT_MODEL
+from entropix_mlx.model.loading import DEFAULT_MODEL, load, resolve
+from entropix_mlx.sampling.cards import card_path
 
 from .options import WeightsOpt
 from .run import warm_up_compiler
 from .signals import exit_code
+
+# entropix_mlx.eval is imported when the command runs: app.py imports every command's
+# module at each start (--help too), and only calibrate needs it here.
 
 
 def calibrate(
@@ -67,8 +71,6 @@ def calibrate(
     chooses its strategy settings on the dev split."""
     from entropix_mlx.eval.calibrate import PROMPTS, QUANTILES
     from entropix_mlx.eval.calibrate import calibrate as run_calibration
-    from entropix_mlx.model.loading import load, resolve
-    from entropix_mlx.sampling.cards import card_path
 
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")

@@ -20,6 +20,7 @@ from entropix_mlx.files import write_atomic
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
+from .deliberation import deliberation_progress
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -38,7 +39,7 @@ from .options import (
     WeightsOpt,
     check_options,
 )
-from .run import build_sampler, header, load_model
+from .run import build_sampler, header, load_model, silence_stdout
 from .signals import Terminated, deferred
 
 COMMANDS = {
@@ -108,8 +109,8 @@ class ChatSession:
         if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD, not a crash
             sys.stdin.reconfigure(errors="replace")
         if self.interactive:
-            try:
-                import readline  # noqa: F401  (line editing and history for input())
+            try:  # line editing and history; importing readline changes input(), so on a terminal only
+                import readline  # noqa: F401
             except ImportError:
                 pass
         self.show_sampler()
@@ -138,8 +139,6 @@ class ChatSession:
             turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
             self.next_seed += 1
             if hasattr(turn.generation, "on_row"):  # deliberate: show the branches as they finish
-                from .deliberation import deliberation_progress
-
                 turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
             for event in turn:
                 with deferred():  # a token is written and counted as written, never one without the other
@@ -294,8 +293,6 @@ def chat(
     except Terminated:  # SIGTERM: what was shown stays; leave with 143
         raise typer.Exit(143) from None
     except BrokenPipeError:
-        from .run import silence_stdout
-
         silence_stdout()
 
 

@@ -9,15 +9,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.decode.registry import SAMPLER_NAMES
+from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
+from entropix_mlx.sampling.config import resolve_config
 
 from .options import WeightsOpt
+from .run import load_model
 
-DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: it loads MLX)
+# entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
+# them: app.py imports every command's module at each start (--help too), and only eval
+# needs them.
+
+DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: see above)
 
 # Short answers need few tokens, and 8 rows per batch keep both cores of a small
 # CPU busy. A chain of thought needs room to reason (GSM8K solutions run to ~100-200
@@ -159,7 +166,7 @@ def eval_command(
     if plot is not None:
         if plot.suffix.lower() != ".png":
             raise ConfigError(f"--plot {plot}: give a file name ending in .png")
-        try:
+        try:  # matplotlib: an optional extra, only for --plot
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
@@ -177,14 +184,7 @@ def eval_command(
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
     if "entropix" in names:  # a bad --config fails now, not after the model loads
-        from entropix_mlx.sampling.config import resolve_config
-
         resolve_config(source.name, config)
-
-    from entropix_mlx.decode.registry import make_sampler
-
-    from .run import load_model
-
     llm, tokenizer, source = load_model(model, weights)
 
     def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
@@ -228,7 +228,6 @@ def eval_command(
 
 
 def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -265,8 +264,6 @@ def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
 def _console():
     """stdout's console; when it is a file or a pipe (no terminal width to fit), wide
     enough that table cells do not wrap (rich assumes 80 columns there)."""
-    from rich.console import Console
-
     console = Console()
     return console if console.is_terminal else Console(width=200)
 

@@ -12,6 +12,7 @@ from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
 from entropix_mlx.sampling.config import PRESETS, resolve_config
+from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 
 DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
 DEFAULT_MAX_TOKENS = 256
@@ -143,8 +144,6 @@ def check_options(
     if budget is not None and sampler != "deliberate":
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
     if sampler == "deliberate":  # the card's [deliberate] table, a --config file's, then --budget
-        from entropix_mlx.sampling.deliberate_config import resolve_deliberate
-
         if config is not None and not Path(config).is_file():
             raise ConfigError(
                 f"--config {config} is not a file; for --sampler deliberate give a .toml file with a [deliberate] table"

@@ -184,6 +184,7 @@ def run(
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
     recorder = None
     if html is not None:  # records each token's top alternatives for the page's hover details
+        # the server package only for --html: app.py imports this module at each start
         from entropix_mlx.server.export import AnswerRecorder
 
         recorder = AnswerRecorder(chooser, tokenizer)

@@ -85,6 +85,7 @@ def serve(
             file=sys.stderr,
         )
     print(f"entropix-mlx serve: {source.name} on http://{host}:{port}/ (OpenAI API at /v1)", file=sys.stderr)
+    # the server package only when serving: app.py imports this module at each start (--help too)
     from entropix_mlx.server import serve as run_server
 
     run_server(

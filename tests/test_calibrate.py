@@ -95,7 +95,7 @@ def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, ca
 
     model = make_tiny_model()
     monkeypatch.setattr(
-        "entropix_mlx.model.loading.load",
+        "entropix_mlx.cli.calibrate.load",
         lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
     )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
@@ -233,7 +233,7 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
 
     model = make_tiny_model()
     monkeypatch.setattr(
-        "entropix_mlx.model.loading.load",
+        "entropix_mlx.cli.calibrate.load",
         lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
     )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))

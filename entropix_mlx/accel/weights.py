@@ -5,7 +5,7 @@ bottleneck (a 4-bit matmul costs the same per row whatever the batch), while a
 float32 matmul goes to `cblas_sgemm`. The `mlx[cpu]` wheel links a slow
 reference BLAS; a system OpenBLAS is much faster. `entropix_mlx.accel.enable()`
 (blas.py) loads it before `mlx.core` is first imported, so MLX's calls resolve
-to it. So this module must not import MLX at module level.
+to it.
 
 Weights: `native` keeps the file's format (quantized stays quantized);
 `float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
@@ -38,6 +38,11 @@ nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
 import os
 import sys
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..errors import ConfigError
 from .blas import blas_info, blas_name, blas_refused
 
 WEIGHT_FORMATS = ("auto", "native", "float32")
@@ -54,8 +59,6 @@ def default_weights() -> str:
 
 
 def check_weights(value: str) -> str:
-    from ..errors import ConfigError
-
     if value not in WEIGHT_FORMATS:
         raise ConfigError(f"'{value}' is not a weight format; use one of: {', '.join(WEIGHT_FORMATS)}")
     return value
@@ -63,9 +66,6 @@ def check_weights(value: str) -> str:
 
 def float32_bytes(model) -> int:
     """What the model's weights take once dequantized to float32."""
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-
     quantized = {
         name: m.bits for name, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
     }
@@ -84,8 +84,6 @@ def float32_bytes(model) -> int:
 
 def choose_weights(requested: str, model) -> str:
     """`native` or `float32` for this model on this device."""
-    import mlx.core as mx
-
     requested = check_weights(requested)
     if requested != "auto":
         return requested
@@ -102,8 +100,6 @@ def _real_blas() -> bool:
 
 def auto_rule() -> str:
     """What `--weights auto` picks on this device, and why (for `doctor`)."""
-    import mlx.core as mx
-
     if mx.default_device() != mx.cpu:
         return "native: on a GPU quantized matmuls are fast"
     if not _real_blas():
@@ -114,10 +110,6 @@ def auto_rule() -> str:
 def to_float32(model):
     """Dequantize every quantized layer once and cast all weights to float32, in
     place: each matmul then runs as a BLAS GEMM. Returns the model."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_unflatten
-
     replacements = []
     for name, module in model.named_modules():
         if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
@@ -151,9 +143,6 @@ def to_float32(model):
 
 def weights_format(model) -> str:
     """What the loaded model holds: 'float32', or the native format (e.g. '4-bit')."""
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-
     bits = sorted(
         {m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
     )
@@ -170,8 +159,6 @@ def gemm_uses_all_cores(model) -> bool:
 
 def describe(model) -> str:
     """One line for headers: e.g. 'cpu · float32 weights · OpenBLAS'."""
-    import mlx.core as mx
-
     device = "cpu" if mx.default_device() == mx.cpu else "gpu"
     fmt = weights_format(model)
     text = f"{device} · {fmt} weights"

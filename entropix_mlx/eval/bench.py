@@ -43,10 +43,17 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.generate import generation_stream, stream_generate
+from mlx_lm.models import llama as mlx_lm_llama
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
 
+from ..accel.blas import blas_name
+from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
 from ..decode.registry import make_sampler
 from ..errors import ConfigError
+from ..model.loading import download, load, load_gguf
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
 
@@ -104,8 +111,6 @@ def weights_bytes(model) -> int:
 
 def synchronize():
     """Wait for everything queued, on our stream and on mlx-lm's generation stream."""
-    from mlx_lm.generate import generation_stream
-
     mx.synchronize()
     mx.synchronize(generation_stream)
 
@@ -173,9 +178,6 @@ class Run:
 
 
 def start_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> Run:
-    from mlx_lm.generate import stream_generate
-    from mlx_lm.models.cache import make_prompt_cache
-
     cache = make_prompt_cache(model)
     # sampler=None: mlx-lm's own greedy sampler (argmax of the log-probabilities).
     stream = stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, prompt_cache=cache)
@@ -199,18 +201,10 @@ def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler
 def load_pair(ref: str | None, weights: str = "auto"):
     """Our model (`weights` as for `load`), mlx-lm's own Llama on the same file in
     the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""
-    from mlx_lm.models import llama
-
-    from ..model.loading import load, load_gguf
-
     ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
-        theirs, _ = load_gguf(source.path, llama.Model, llama.ModelArgs)
+        theirs, _ = load_gguf(source.path, mlx_lm_llama.Model, mlx_lm_llama.ModelArgs)
     else:
-        from mlx_lm.utils import load_model
-
-        from ..model.loading import download
-
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)
     return ours, theirs, tokenizer, source
@@ -320,9 +314,6 @@ def bench(
 def compute_paths(ours, theirs) -> dict:
     """What each side computes with: device, weight format, the BLAS its float
     matmuls call (quantized matmuls are MLX's own kernels, no BLAS)."""
-    from ..accel.blas import blas_name
-    from ..accel.weights import describe, weights_format
-
     theirs_text = describe(theirs)
     if weights_format(theirs).startswith("native"):
         theirs_text += " · MLX quantized matmul"

@@ -42,6 +42,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..decode.engine import generate_batch
+from ..decode.prompt import encode_chat
 from ..errors import ConfigError
 from .runner import EvalConfig, machine_description
 from .stats import paired_comparison
@@ -172,8 +173,6 @@ def run_open(
 ) -> dict:
     """Every (sampler, seed) writes for every prompt; metrics per output, then
     `summarize_open`. Same resumable store and arguments as `run_eval`."""
-    from ..decode.prompt import encode_chat
-
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     encoded = [encode_chat(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
     runs = config.runs()

@@ -2,8 +2,11 @@ import statistics
 import time
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
+from ..decode.prefill import prefill
 from ..decode.registry import make_sampler
+from ..model.cache import make_cache
 from ..sampling.metrics import step_metrics
 from ..sampling.samplers import Step
 from .bench import bench_prompt
@@ -27,11 +30,6 @@ def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, s
       thinking insertion on the steps that take them);
     - mlx_lm_model: mlx-lm's forward pass plus its greedy pick, for comparison.
     """
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from ..decode.prefill import prefill
-    from ..model.cache import make_cache
-
     sampler = make_sampler("entropix", tokenizer=tokenizer, model_name=model_name)
     sampler.reset()
     prompt = bench_prompt(tokenizer, prompt_tokens)

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from datetime import date
 from functools import partial
 
+import mlx.core as mx
+
 from ..decode.generate import as_decoder
+from ..decode.prompt import encode_chat
 from .scoring import score
 from .stats import paired_comparison, wilson_interval
 from .store import default_sampler_factory, run_items, settings_by_sampler
@@ -73,8 +76,6 @@ def run_eval(
     with the model's card). `progress(done, total, description)` is called
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
-    from ..decode.prompt import encode_chat
-
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
     runs = config.runs()
@@ -188,8 +189,6 @@ def summarize(records: dict, tasks: list[Task], config: EvalConfig) -> dict:
 
 
 def machine_description() -> str:
-    import mlx.core as mx
-
     device = mx.default_device()
     cpu = platform.processor() or platform.machine()
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), MLX {mx.__version__} on {device}"

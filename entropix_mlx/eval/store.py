@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..decode import registry
 from ..decode.rows import Request
 from ..errors import ConfigError
 
@@ -51,9 +52,7 @@ def settings_by_sampler(make_sampler: Callable, runs: list[tuple[str, int]]) -> 
 def default_sampler_factory(tokenizer, config) -> Callable:
     """`make_sampler(name)` with the model's card, metrics off for baselines, and
     greedy's log-probabilities too: the records never hold them."""
-    from ..decode.registry import make_sampler
-
-    return lambda name: make_sampler(
+    return lambda name: registry.make_sampler(
         name, tokenizer=tokenizer, model_name=config.model_name, metrics=False, logprobs=False
     )
 

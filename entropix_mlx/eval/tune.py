@@ -1,9 +1,21 @@
 import datetime
+import tomllib
 from pathlib import Path
 
 import numpy as np
 
+from ..decode.engine import generate_batch
+from ..decode.prompt import encode_chat
+from ..decode.rows import Request
+from ..sampling.config import SamplerConfig, load_toml
+from ..sampling.entropix import EntropixSampler
+from ..sampling.samplers import GreedySampler, MinPSampler
 from .calibrate import PROMPTS, QUANTILES, toml_value, write_card
+from .opentext import EARLY_TOKENS, LOOP_ALERT, longest_loop, repeated_ngram_share
+from .scoring import score
+from .stats import sign_test
+from .store import common_prefix, item_seed
+from .tasks import builtin_tasks_path, load_tasks, select_split
 
 # -- tuning on the dev split ------------------------------------------------------------
 #
@@ -113,10 +125,6 @@ TUNED_FIELDS = (
 def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):
     """(prompt index, seed, RowResult) of every prompt under each seed, batched
     as the eval batches them (batch 8, the eval's per-item seeds)."""
-    from ..decode.engine import generate_batch
-    from ..decode.rows import Request
-    from .store import common_prefix, item_seed
-
     out = []
     for seed in seeds:
         requests = [Request(p, item_seed(seed, i), max_tokens) for i, p in enumerate(prompts)]
@@ -130,8 +138,6 @@ def open_figures(runs) -> dict:
     share, the longest back-to-back loop, outputs with a loop of 12+ tokens,
     the mean log-probability (nats, as the sampler reported it: the model's own
     distribution), early endings (end of turn before 16 tokens)."""
-    from .opentext import EARLY_TOKENS, LOOP_ALERT, longest_loop, repeated_ngram_share
-
     shares = [s for _, _, r in runs if (s := repeated_ngram_share(r.tokens, 4)) is not None]
     loops = [longest_loop(r.tokens) for _, _, r in runs]
     lps = [sum(lp) / len(lp) for _, _, r in runs if (lp := [x for x in r.logprobs if x is not None])]
@@ -169,13 +175,6 @@ def tune(
     """Run greedy, min_p (T 0.7, open text only) and every candidate; choose one;
     write its settings into the card's [sampler] and every trial into [tuning].
     Returns (chosen, trials, greedy, min_p)."""
-    from ..decode.prompt import encode_chat
-    from ..sampling.config import SamplerConfig, load_toml
-    from ..sampling.entropix import EntropixSampler
-    from ..sampling.samplers import GreedySampler, MinPSampler
-    from . import builtin_tasks_path, load_tasks, score, select_split
-    from .stats import sign_test
-
     candidates = TUNE_CANDIDATES if candidates is None else candidates
     path = Path(path)
     card = load_toml(path)
@@ -227,8 +226,6 @@ def earlier_trials(path, names: set) -> list[dict]:
     """The card's trials from earlier tuning runs that this run did not repeat,
     each with the date of its run: kept for the record, never chosen from
     (they were measured on the code of their day)."""
-    import tomllib
-
     tuning = tomllib.loads(Path(path).read_text()).get("tuning", {})
     out = []
     for t in tuning.get("earlier", []) + [{"date": tuning.get("date", ""), **t} for t in tuning.get("trials", [])]:

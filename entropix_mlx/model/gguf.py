@@ -6,6 +6,7 @@ is left is renaming tensors to mlx-lm's Llama names, turning metadata into an
 HF-style config, and rebuilding the tokenizer from the vocabulary and merges.
 """
 
+import math
 import os
 from pathlib import Path
 
@@ -13,6 +14,10 @@ import mlx.core as mx
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from .gguf_check import check_gguf
+
+# The tokenizer stack (mlx_lm.tokenizer_utils, tokenizers, transformers) is imported in
+# the functions that rebuild a GGUF tokenizer, after TRANSFORMERS_VERBOSITY is set:
+# transformers reads it when first imported.
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -223,8 +228,6 @@ def check_config(config: dict, weights: dict, path) -> None:
 
     def bad(what):
         return ModelLoadError(f"GGUF file {path} is inconsistent: {what}; the file is corrupt")
-
-    import math
 
     for key in (
         "hidden_size",

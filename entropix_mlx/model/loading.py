@@ -8,6 +8,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from huggingface_hub import constants
+from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokenizer
 
 from ..accel.weights import check_weights, choose_weights, to_float32
 from ..errors import ModelLoadError, UnsupportedModelError
@@ -105,8 +107,6 @@ def build_model(
     """Instantiate `model_class` from an HF-style config and load the weights,
     quantizing exactly the layers the weights say are quantized. Used for our
     port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
-    from mlx_lm.utils import infer_quant_config
-
     model = model_class(args_class.from_dict(config))
     weights = model.sanitize(weights)
     nn.quantize(
@@ -159,8 +159,6 @@ def load_gguf(path: Path, model_class=Model, args_class=ModelArgs):
 
 
 def load_directory(path: Path):
-    from mlx_lm.utils import load_model, load_tokenizer
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"directory {path} has no config.json; it is not a Hugging Face model directory")
@@ -200,9 +198,6 @@ def _first_line(e: Exception) -> str:
 
 
 def download(repo: str) -> Path:
-    from huggingface_hub import constants
-    from mlx_lm.utils import _download
-
     try:
         return _download(repo)
     except Exception as e:  # huggingface_hub raises many kinds when offline

@@ -13,6 +13,8 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..accel.cpu_math import logsumexp
+from .config import SamplerConfig
+from .metrics import METRIC_NAMES, step_metrics
 
 # The parameters a greedy choice reports (as the sampling parameters that would pick it).
 GREEDY_PARAMS = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
@@ -153,21 +155,15 @@ def _logprob(logits: mx.array, token: mx.array) -> mx.array:
 
 def _baseline_metrics(logits: mx.array, step: Step, enabled: bool) -> dict:
     # Lazy: evaluated together with the token (one host sync per step).
-    from .metrics import step_metrics
-
     return step_metrics(logits, step.scores) if enabled else {}
 
 
 def _plan(token: mx.array, logprob: mx.array, metrics: dict, code: mx.array) -> dict:
-    from .metrics import METRIC_NAMES
-
     stacked = mx.stack([metrics[n] for n in METRIC_NAMES]) if metrics else None
     return {"token": token, "logprob": logprob, "metrics": stacked, "code": code}
 
 
 def _finish(plan: dict) -> tuple[int, float, dict, str]:
-    from .metrics import METRIC_NAMES
-
     metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist(), strict=False)) if plan["metrics"] is not None else {}
     return plan["token"].item(), plan["logprob"].item(), metrics, LOGIT_NOTES[plan["code"].item()]
 
@@ -266,7 +262,5 @@ class MinPSampler(TemperatureSampler):
 
 
 def _check_params(temperature, top_p, top_k, min_p):
-    from .config import SamplerConfig
-
     # The same validation (and messages) as the Entropix config; 0 = greedy here.
     SamplerConfig(temperature=temperature if temperature != 0 else 1.0, top_p=top_p, top_k=top_k, min_p=min_p)

@@ -24,6 +24,7 @@ def serve(
     log_level: str = "info",
 ):
     """Start the server and block until it is stopped (Ctrl-C)."""
+    # uvicorn and starlette (app.py) only when serving: `run --html` imports this package too
     import uvicorn
 
     from .app import MAX_BODY, create_app
