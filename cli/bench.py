@@ -8,9 +8,8 @@ import typer
 from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.model.loading import DEFAULT_MODEL
 
-from .options import WeightsOpt
+from .options import ModelOpt, WeightsOpt
 
 # entropix_mlx.eval and rich.table are imported in the functions that use them: app.py
 # imports every command's module at each start (--help too), and only bench needs them.
@@ -25,15 +24,7 @@ PROFILE_STEPS = 16
 
 
 def bench(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            show_default=DEFAULT_MODEL,
-            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
-        ),
-    ] = None,
+    model: ModelOpt = None,
     prompt_tokens: Annotated[
         int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")
     ] = DEFAULT_PROMPT_TOKENS,

@@ -10,10 +10,10 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import DEFAULT_MODEL, load, resolve
+from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.sampling.cards import card_path
 
-from .options import WeightsOpt
+from .options import ModelOpt, WeightsOpt
 from .run import warm_up_compiler
 from .signals import exit_code
 
@@ -22,15 +22,7 @@ from .signals import exit_code
 
 
 def calibrate(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            show_default=DEFAULT_MODEL,
-            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
-        ),
-    ] = None,
+    model: ModelOpt = None,
     out: Annotated[
         Path | None, typer.Option("--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")
     ] = None,

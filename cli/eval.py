@@ -14,10 +14,10 @@ from rich.console import Console
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
+from entropix_mlx.model.loading import resolve
 from entropix_mlx.sampling.config import resolve_config
 
-from .options import WeightsOpt
+from .options import ModelOpt, WeightsOpt
 from .run import load_model
 
 # entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
@@ -78,15 +78,7 @@ def eval_command(
             "the answer is read from its last line. For larger models.",
         ),
     ] = False,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            show_default=DEFAULT_MODEL,
-            help="Bundled alias, .gguf file, Hugging Face model directory or repo id.",
-        ),
-    ] = None,
+    model: ModelOpt = None,
     samplers: Annotated[
         str,
         typer.Option(
