@@ -46,7 +46,7 @@ COMMANDS = {
     "/help": "show the commands",
     "/reset": "start a new conversation (keeps the system prompt and sampler)",
     "/stats": "tokens prefilled in the last turn, cache length, strategy counts so far",
-    "/sampler NAME": "switch sampler (entropix, greedy, temperature, min_p)",
+    "/sampler NAME": f"switch sampler ({', '.join(SAMPLER_NAMES)})",
     "/seed N": "seed of the next answer (each later answer uses the next number)",
     "/system TEXT": "set the system prompt; '/system' alone removes it",
     "/save FILE": "write the transcript, with each token's strategy, as JSON",
@@ -59,6 +59,7 @@ class ChatSession:
         self.source, self.tokenizer = source, tokenizer
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
+        self.start_sampler, self.start_seed = self.sampler.name, seed
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
         self.conversation = Conversation(llm, tokenizer, system=system or None)
@@ -249,10 +250,12 @@ class ChatSession:
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
             return
+        # Each turn records the sampler and seed it answered with (/sampler and /seed
+        # change them mid-conversation); the top level says how the session started.
         data = {
             "model": self.source.name,
-            "sampler": self.sampler.name,
-            "seed": self.base_seed,
+            "sampler": self.start_sampler,
+            "seed": self.start_seed,
             **self.conversation.transcript(),
         }
         path = Path(arg).expanduser()

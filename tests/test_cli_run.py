@@ -162,6 +162,18 @@ def test_chat_says_when_the_context_is_full_and_reset_recovers(tiny_ref):
     assert "turns: 1" in out
 
 
+def test_chat_save_records_each_turns_sampler_and_seed_and_help_lists_every_sampler(tiny_ref, tmp_path):
+    saved = tmp_path / "chat.json"
+    script = f"/help\nhello\n/sampler temperature\n/seed 7\nhi\n/save {saved}\n"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "3", input=script)
+    assert code == 0, err
+    help_line = next(line for line in out.splitlines() if "/sampler NAME" in line)
+    assert all(name in help_line for name in ("entropix", "greedy", "temperature", "min_p", "deliberate"))
+    data = json.loads(saved.read_text())
+    assert (data["sampler"], data["seed"]) == ("greedy", 0)  # how the session started
+    assert [(t["sampler"], t["seed"]) for t in data["turns"]] == [("greedy", 0), ("temperature", 7)]
+
+
 class InterruptingSampler:
     """Greedy, but the user presses Ctrl-C at the third step of the first answer."""
 

@@ -29,6 +29,8 @@ class Turn:
     prompt_tokens: list[int]  # the whole templated history, up to the assistant's header
     prefilled: int  # how many of them this turn actually ran through the model
     generation: Generation
+    sampler: str = ""  # the name of the sampler that answered this turn
+    seed: int = 0  # the seed it answered with
     answer: str = ""
     finish_reason: str = "running"
 
@@ -110,7 +112,7 @@ class Conversation:
         generation = generate(
             self.model, self.tokenizer, ids[keep:], sampler, max_tokens=max_tokens, seed=seed, cache=self.cache
         )
-        self._open = Turn(user, ids, len(ids) - keep, generation)
+        self._open = Turn(user, ids, len(ids) - keep, generation, getattr(sampler, "name", ""), seed)
         return self._open
 
     def finish(self, turn: Turn, interrupted: bool = False) -> Turn:
@@ -166,6 +168,8 @@ class Conversation:
                 {
                     "user": t.user,
                     "assistant": t.answer,
+                    "sampler": t.sampler,
+                    "seed": t.seed,
                     "finish_reason": t.finish_reason,
                     "prefilled_tokens": t.prefilled,
                     "tokens": [
