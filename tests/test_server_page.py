@@ -221,3 +221,39 @@ def test_a_second_turn_reuses_the_cached_conversation(answered):
     prompt, cached = counts(page.locator(".msg.assistant:last-child .status"))
     assert first_prompt <= cached < prompt  # the first turn was not prefilled again
     assert page.locator(".msg.assistant:last-child .tok").count() == 4
+
+
+def test_the_seed_shown_reproduces_the_answer(server, browser):
+    """Seeds go up to 2^63: the page shows the exact seed the server used (not a
+    JavaScript number's rounding of it), and typing it back gives the same answer."""
+    page = browser.new_page()
+    page.goto(server[0] + "/")
+    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
+    if page.locator("#api-key").is_visible():  # the browser's profile may hold the key already
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+    page.locator("#legend .entry").first.wait_for()
+    page.select_option("#sampler", "temperature")
+    page.fill("#max-tokens", "12")
+
+    def answer(seed: str) -> tuple[str, str]:
+        page.fill("#seed", seed)
+        page.fill("#prompt", "Tell me a story.")
+        page.click("#send")
+        page.wait_for_function(
+            "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+            timeout=120_000,
+        )
+        status = page.locator(".msg.assistant:last-child .status").inner_text()
+        text = "".join(page.locator(".msg.assistant:last-child .tok").all_inner_texts())
+        page.click("#new-chat")
+        return re.search(r"seed (\d+)", status).group(1), text
+
+    chosen = str(2**63 - 12345)  # well past 2^53
+    shown, first = answer(chosen)
+    assert shown == chosen
+    drawn, second = answer("")  # the server draws one
+    assert int(drawn) < 2**63
+    again_seed, again = answer(drawn)
+    assert again_seed == drawn and again == second
+    page.close()

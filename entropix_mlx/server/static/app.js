@@ -94,14 +94,18 @@
       model: state.info.model, messages: state.messages, sampler, stream: true,
       stream_options: { include_usage: true }, logprobs: true, top_logprobs: 5,
     };
-    const seed = $("seed").value, maxTokens = $("max-tokens").value;
-    if (seed !== "") request.seed = Number(seed);
+    const seed = $("seed").value.trim(), maxTokens = $("max-tokens").value;
     if (maxTokens !== "") request.max_tokens = Number(maxTokens);
+    // Seeds go up to 2^63, past what a JavaScript number holds exactly: the seed
+    // travels as its digits, spliced into the JSON text, never through Number.
+    let payload = JSON.stringify(request);
+    if (/^\d+$/.test(seed)) payload = payload.slice(0, -1) + `,"seed":${seed}}`;
+    else if (seed !== "") payload = payload.slice(0, -1) + `,"seed":${JSON.stringify(seed)}}`;
     state.controller = new AbortController();
     let text_ = "", finish = null, usage = null, usedSeed = null, redraw = 0;
     try {
       const r = await fetch("/v1/chat/completions", {
-        method: "POST", headers: headers(), body: JSON.stringify(request), signal: state.controller.signal,
+        method: "POST", headers: headers(), body: payload, signal: state.controller.signal,
       });
       if (!r.ok) {
         const err = await r.json().catch(() => ({}));
@@ -113,7 +117,7 @@
         if (data === "[DONE]") break;
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(chunk.error.message);
-        if (chunk.seed !== undefined) usedSeed = chunk.seed;
+        if (chunk.seed !== undefined) usedSeed = /"seed":\s*(\d+)/.exec(data)[1];  // its exact digits
         if (chunk.usage) usage = chunk.usage;
         const choice = chunk.choices[0];
         if (!choice) continue;
