@@ -112,6 +112,16 @@ def test_a_later_sampler_is_reachable_and_ignores_sampling_parameters(client):
     assert r.choices[0].message.content == "".join(rec["text"] for rec in records)
 
 
+def test_temperature_zero_means_greedy_with_a_warning(client):
+    # Front-ends send 0 for deterministic answers; Entropix needs a temperature, so
+    # the request is answered greedily (as other servers do) rather than refused.
+    zero = chat(client, "Tell me about cats.", max_tokens=6, temperature=0)
+    greedy = chat(client, "Tell me about cats.", max_tokens=6, extra_body={"sampler": "greedy"})
+    assert zero.choices[0].message.content == greedy.choices[0].message.content
+    assert {rec["strategy"] for rec in zero.choices[0].model_extra["entropix"]} == {"argmax"}
+    assert any("temperature 0" in w for w in zero.model_extra["warnings"])
+
+
 def test_stop_strings(client):
     r = chat(client, "Count from 1 to 10.", max_tokens=16, stop=["3"], extra_body={"sampler": "greedy"})
     full = chat(client, "Count from 1 to 10.", max_tokens=16, extra_body={"sampler": "greedy"})

@@ -87,8 +87,14 @@ class Server:
             # Front-ends send temperature and the like on every request: samplers
             # that take none ignore them rather than refuse the request.
             overrides = {} if p.sampler in NO_SAMPLING_PARAMETERS else p.overrides
+            warnings, name = [], p.sampler
+            if name == "entropix" and overrides.get("temperature") == 0:
+                # Front-ends send 0 to mean deterministic; mlx-lm, llama.cpp and Ollama
+                # take it as greedy, where Entropix's strategies need a temperature.
+                name, overrides = "greedy", {}
+                warnings.append("temperature 0 asks for deterministic answers: the greedy sampler answered")
             try:
-                sampler = make_sampler(p.sampler, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
+                sampler = make_sampler(name, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
         room = engine.context - len(ids)
@@ -99,7 +105,7 @@ class Server:
                 "messages" if chat else "prompt",
                 code="context_length_exceeded",
             )
-        warnings, max_tokens = [], p.max_tokens
+        max_tokens = p.max_tokens
         if max_tokens is None:
             max_tokens = room
         elif max_tokens > room:
