@@ -304,3 +304,23 @@ def test_cors_is_off_by_default(server):
     r = conn.getresponse()
     r.read()
     assert r.getheader("access-control-allow-origin") is None
+
+
+def test_sigterm_ends_a_server_that_decoded_on_parallel_streams_cleanly(tmp_path):
+    """Native weights on the CPU split the batch over one MLX stream per core; the
+    worker thread that used them must end before the interpreter, or the process
+    aborts at exit ("terminate called without an active exception")."""
+    log = tmp_path / "serve.log"
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "sampler": "greedy"})
+    with running_server(log, "--weights", "native", "--api-key", KEY) as (_, port):
+        for _ in range(2):
+            status, _ = request(
+                port,
+                "POST",
+                "/v1/chat/completions",
+                body,
+                {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            )
+            assert status == 200
+    text = log.read_text()
+    assert "Finished server process" in text and "terminate called" not in text

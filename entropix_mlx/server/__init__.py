@@ -31,7 +31,12 @@ def serve(
 
     engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size)
     app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    finally:
+        # The worker thread ends before the interpreter does: left running, it held
+        # MLX streams whose native threads aborted the process at exit.
+        engine.close(wait=True)
 
 
 __all__ = ["Engine", "Job", "PrefixCache", "serve"]

@@ -69,8 +69,11 @@ class Engine:
         self._queue.put(job)
         return job
 
-    def close(self):
+    def close(self, wait: bool = False):
+        """Stop the worker after the step it is in (and wait for it with `wait`)."""
         self._queue.put(None)
+        if wait:
+            self._thread.join(timeout=30)
 
     def emit(self, job: Job, *event):
         """Hand an event to the request's handler (on the event loop's thread)."""
