@@ -2,6 +2,7 @@
 The server itself lives in entropix_mlx/server/; this only parses options."""
 
 import ipaddress
+import os
 import socket
 import sys
 from typing import Annotated
@@ -101,6 +102,12 @@ def serve(
         cache_tokens=cache_tokens,
         batch_size=batch_size,
     )
+    # uvicorn has shut down and every stream has ended. Leave without running native
+    # static destructors: MLX's stream threads can abort the process in them
+    # ("terminate called without an active exception") after a clean shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def register(app: typer.Typer):
