@@ -146,7 +146,8 @@ const EntropixView = (() => {
     add("line", { class: "axis", x1: L, x2: L, y1: T, y2: y(0) });
     for (const v of [0, ymax / 2, ymax / 1.05]) add("text", { x: 2, y: y(v) + 3 }, fmt(v, 1));
     add("text", { x: L, y: H - 6 }, "token 1");
-    add("text", { x: W - R - 40, y: H - 6 }, `token ${tokens.length}`);
+    // Before the second token (while an answer starts streaming) there is no end to name.
+    if (tokens.length > 1) add("text", { x: W - R - 40, y: H - 6 }, `token ${tokens.length}`);
     const lines = [["low_entropy", "entropy-t"], ["medium_entropy", "entropy-t"], ["high_entropy", "entropy-t"],
                    ["low_varentropy", "varentropy-t"], ["high_varentropy", "varentropy-t"]];
     const labels = [];
