@@ -85,9 +85,9 @@ class Generation:
                     return
                 self.tokens.append(token)
                 piece = text.add(token, last=len(self.tokens) == self.max_tokens)
-                top = getattr(choice, "top", None) if i == 0 else None  # alternatives where the sampler chose
+                top = choice.top if i == 0 else []  # alternatives where the sampler chose
                 event = TokenEvent(
-                    token, piece, choice.strategy, logprob, choice.metrics, choice.params, choice.note, top or []
+                    token, piece, choice.strategy, logprob, choice.metrics, choice.params, choice.note, top
                 )
                 self.events.append(event)
                 self._gen_time = time.perf_counter() - self._gen_start
@@ -134,12 +134,14 @@ class StepDecoder:
 
     def __init__(self, sampler: Sampler, make_sampler=None):
         self.sampler, self.name = sampler, getattr(sampler, "name", "sampler")
-        self.make_sampler = make_sampler or (lambda: sampler)
+        self.make_sampler = make_sampler  # one sampler per batch slot: they keep per-answer state
 
     def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None) -> Generation:
         return Generation(model, tokenizer, prompt_tokens, self.sampler, max_tokens, seed, cache)
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
+        if self.make_sampler is None:
+            raise ValueError("answer_rows needs make_sampler: batch slots cannot share one sampler")
         return generate_batch(model, tokenizer, requests, self.make_sampler, batch_size, prefix=prefix)
 
 

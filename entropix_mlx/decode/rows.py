@@ -140,7 +140,7 @@ class Row:
 
     def _take(self, token, logprob, choice, first: bool):
         # Alternatives are known only where the sampler itself chose: a choice's first token.
-        top = getattr(choice, "top", None) if first else None
+        top = choice.top if first else None
         self._record(token, logprob, choice.strategy, choice.metrics, choice.params, choice.note, top)
 
     def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:

@@ -44,6 +44,9 @@ class Choice:
     # Alternatives to this (one-token) choice, each to start a row of its own at
     # this position in batched generation: (token, logprob, metrics). See decode/group.py.
     spawn: list = field(default_factory=list)
+    # The k most likely next tokens where this choice was made, (token, logprob)
+    # pairs, filled only when a recorder asks (the server's top_logprobs).
+    top: list = field(default_factory=list)
 
 
 class Sampler(Protocol):

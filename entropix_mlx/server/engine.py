@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..decode.generate import StepDecoder, as_decoder
+from ..decode.generate import Decoder, as_decoder
 from ..errors import ContextOverflowError, EntropixError
 from .batched import BatchRunner
 from .prefix_cache import PrefixCache
@@ -99,7 +99,7 @@ class Engine:
                     waiting.popleft()
                     self.cancelled += 1
                     continue
-                if not isinstance(as_decoder(job.sampler), StepDecoder):
+                if isinstance(job.sampler, Decoder):
                     # A decoder that runs its own batches over whole answers: alone, between batches.
                     if not runner.idle:
                         break
