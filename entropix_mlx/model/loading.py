@@ -12,9 +12,9 @@ from huggingface_hub import constants
 from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokenizer
 
 from ..accel.weights import check_weights, choose_weights, to_float32
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError
 from . import gguf
-from .llama import Model, ModelArgs
+from .families import model_classes
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -101,12 +101,13 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
 
-def build_model(
-    config: dict, weights: dict, model_class=Model, args_class=ModelArgs, rope_freqs: mx.array | None = None
-):
-    """Instantiate `model_class` from an HF-style config and load the weights,
-    quantizing exactly the layers the weights say are quantized. Used for our
-    port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
+def build_model(config: dict, weights: dict, model_class=None, args_class=None, rope_freqs: mx.array | None = None):
+    """Build the port of `config["model_type"]` from an HF-style config and
+    load HF-named weights, quantizing exactly the layers the weights say are
+    quantized. `model_class` and `args_class` replace the port (in tests and
+    `bench`: mlx-lm's own model on the same weights)."""
+    if model_class is None:
+        model_class, args_class = model_classes(config)
     model = model_class(args_class.from_dict(config))
     weights = model.sanitize(weights)
     nn.quantize(
@@ -152,7 +153,7 @@ def read_gguf_model(path: Path):
     return config, weights, rope_freqs, metadata
 
 
-def load_gguf(path: Path, model_class=Model, args_class=ModelArgs):
+def load_gguf(path: Path, model_class=None, args_class=None):
     config, weights, rope_freqs, metadata = read_gguf_model(path)
     tokenizer = gguf.gguf_tokenizer(metadata, path)
     return build_model(config, weights, model_class, args_class, rope_freqs), tokenizer
@@ -168,16 +169,13 @@ def load_directory(path: Path):
         raise ModelLoadError(f"cannot read {config_file}: {e}") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{config_file} is not a JSON object; it is not a model config")
-    if config.get("model_type") not in ("llama",):
-        raise UnsupportedModelError(
-            f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only"
-        )
+    classes = model_classes(config, str(path))
     if not list(path.glob("model*.safetensors")):
         raise ModelLoadError(f"directory {path} has no model*.safetensors weights")
     try:
-        # mlx-lm builds the model and quantizes it as the config says; our class
-        # has mlx-lm's Llama parameter names, so its weights load unchanged.
-        model, config = load_model(path, get_model_classes=lambda config: (Model, ModelArgs))
+        # mlx-lm builds the model and quantizes it as the config says; our classes
+        # have mlx-lm's parameter names, so the weights load unchanged.
+        model, config = load_model(path, get_model_classes=lambda config: classes)
     except TypeError as e:  # ModelArgs(...) without a required hyper-parameter
         raise ModelLoadError(f"{config_file} is incomplete: {_first_line(e)}") from None
     except (ValueError, KeyError, OSError) as e:
