@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import make_tiny_tokenizer
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama, phi3, qwen2, qwen3
+from mlx_lm.models import gemma3_text, llama, phi3, qwen2, qwen3
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import save_config, save_model
 from test_batch import RecordsScores, batched, prompts_of, unbatched
@@ -72,6 +72,19 @@ FAMILIES = {
         ),
     ),
 }
+# Gemma 3: local layers with a window shorter than every prompt below, so it matters.
+GEMMA3 = dict(
+    model_type="gemma3_text",
+    num_hidden_layers=4,
+    head_dim=32,
+    sliding_window=5,
+    sliding_window_pattern=2,
+    query_pre_attn_scalar=24,
+    rope_local_base_freq=10000.0,
+    rope_theta=1000000.0,
+)
+FAMILIES["gemma3_text"] = (gemma3_text, GEMMA3)
+FAMILIES["gemma3_text-tied"] = (gemma3_text, GEMMA3)
 
 
 def build(name: str, seed: int = 0):
@@ -85,6 +98,8 @@ def build(name: str, seed: int = 0):
     # Norm weights start as ones: made random, a norm read wrongly shows.
     norms = [(k, 1 + 0.2 * mx.random.normal(v.shape)) for k, v in tree_flatten(model.parameters()) if "norm" in k]
     model.load_weights(norms, strict=False)
+    if name.endswith("-tied"):
+        model.sanitize({})  # no output projection: mlx-lm ties it to the embeddings
     mx.eval(model.parameters())
     return model, config
 
@@ -174,4 +189,75 @@ def test_an_unsupported_architecture_is_one_line_naming_it(tmp_path):
         load(str(path))
     message = str(err.value)
     assert "\n" not in message and "'gpt2'" in message
-    assert all(family in message for family in ("llama", "mistral", "qwen2", "qwen3", "phi3"))
+    assert all(family in message for family in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3", "gemma3_text"])
+def test_quantized_directories_match_mlx_lm_and_dequantize(name, tmp_path):
+    """MLX-quantized weights (Phi-3's fused ones split at load) give mlx-lm's
+    logits natively, and close ones dequantized for the CPU fast path."""
+    import mlx.nn as nn
+
+    theirs, config = build(name)
+    nn.quantize(theirs, group_size=32, bits=4)
+    path = write_hf_dir(tmp_path / name, theirs, {**config, "quantization": {"group_size": 32, "bits": 4}})
+    tokens = mx.array([PROMPT])
+    reference = theirs(tokens)
+    native, _ = load(str(path), weights="native")
+    assert isinstance(native.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    assert mx.abs(native(tokens)[0] - reference).max().item() < 1e-4
+    dequantized, _ = load(str(path), weights="float32")
+    assert type(dequantized.layers[0].self_attn.q_proj) is nn.Linear
+    assert mx.abs(dequantized(tokens)[0] - reference).max().item() < 1e-3
+
+
+def test_gemma_windows_through_a_shared_prefix_batch(tmp_path):
+    """Rows that store a shared prefix once (deliberate's batches) with their
+    padding between the prefix and their own keys: a row's window counts
+    positions, so a short row still sees the prefix's last keys."""
+    from entropix_mlx.decode.engine import generate_batch
+    from entropix_mlx.sampling.samplers import GreedySampler
+
+    theirs, config = build("gemma3_text")
+    ours, _ = load(str(write_hf_dir(tmp_path / "gemma", theirs, config)), weights="float32")
+    tokenizer = make_tiny_tokenizer()
+    prefix = [1, 40, 41, 42, 43, 44]
+    prompts = [prefix + [50], prefix + list(range(60, 69))]  # row 0 is left-padded by 8
+    requests = [Request(p, 0, 6) for p in prompts]
+    out = dict(
+        (i, r)
+        for i, r, _ in generate_batch(ours, tokenizer, requests, GreedySampler, 2, prefix=prefix, share_prefix=True)
+    )
+    for i, p in enumerate(prompts):
+        assert out[i].tokens == unbatched(ours, tokenizer, p, GreedySampler(), 6, 0)
+
+
+def test_gemma_local_layers_follow_the_configs_layer_types():
+    from entropix_mlx.model.gemma3 import Model, ModelArgs
+
+    kinds = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+    model = Model(ModelArgs.from_dict({**COMMON, **GEMMA3, "layer_types": kinds}))
+    assert [layer.self_attn.window for layer in model.layers] == [5, None, None, 5]
+    model = Model(ModelArgs.from_dict({**COMMON, **GEMMA3}))  # without: every second layer is global
+    assert [layer.self_attn.window for layer in model.layers] == [5, None, 5, None]
+    assert model.windows == [5]
+
+
+def test_entropix_branches_on_every_family(family):
+    """The sampler's own passes (rollouts on a shared prefix) on each family: each
+    token's log-probability is the one a single pass over the whole text gives."""
+    from test_entropix import ALWAYS_BRANCH, path_logprobs
+
+    from entropix_mlx.decode.generate import generate
+    from entropix_mlx.sampling.config import SamplerConfig
+    from entropix_mlx.sampling.entropix import EntropixSampler
+
+    name, _, ours, _ = family
+    sampler = EntropixSampler(SamplerConfig(**ALWAYS_BRANCH, strategies=("branch", "adaptive")))
+    events = list(generate(ours, make_tiny_tokenizer(), PROMPT, sampler, max_tokens=7, seed=3))
+    assert len(events) == 7, name
+    if not ours.tied:  # (a random model with tied embeddings is sure of its next token)
+        assert all(e.strategy == "branch" for e in events), name
+    assert all(np.isfinite(e.metrics[m]) for e in events for m in e.metrics), name
+    replay = path_logprobs(ours, PROMPT, [e.token for e in events])
+    np.testing.assert_allclose([e.logprob for e in events], replay, atol=1e-4)

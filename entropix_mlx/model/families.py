@@ -2,18 +2,18 @@
 config, and the classes that build them (a config's hyper-parameters are read
 by mlx-lm's own `ModelArgs` of the family, with its defaults)."""
 
-from mlx_lm.models import llama as mlx_lm_llama
 from mlx_lm.models import qwen2, qwen3
 
 from ..errors import UnsupportedModelError
-from . import llama, phi3, qwen
+from . import gemma3, llama, phi3, qwen
 
 FAMILIES = {
     "llama": (llama.Model, llama.ModelArgs),
-    "mistral": (llama.Model, mlx_lm_llama.ModelArgs),  # mlx-lm runs Mistral as Llama
+    "mistral": (llama.Model, llama.ModelArgs),  # mlx-lm runs Mistral as Llama
     "qwen2": (qwen.Qwen2, qwen2.ModelArgs),
     "qwen3": (qwen.Qwen3, qwen3.ModelArgs),
     "phi3": (phi3.Model, phi3.ModelArgs),
+    "gemma3_text": (gemma3.Model, gemma3.ModelArgs),
 }
 
 
