@@ -61,6 +61,15 @@ FAMILIES = {
             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
         ),
     ),
+    "llama-sliding": (
+        llama,
+        dict(
+            model_type="llama",
+            tie_word_embeddings=False,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=5,
+        ),
+    ),
     "mistral": (llama, dict(model_type="mistral", head_dim=24, tie_word_embeddings=False, sliding_window=None)),
     "qwen2": (qwen2, dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True)),
     "qwen3": (qwen3, dict(model_type="qwen3", head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False)),

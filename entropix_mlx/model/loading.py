@@ -1,5 +1,5 @@
 """`load(ref)`: the bundled model, a GGUF file, an HF/mlx-community directory or
-a Hugging Face repo id, into this project's Llama port and an mlx-lm tokenizer."""
+a Hugging Face repo id, into this project's port of its family and an mlx-lm tokenizer."""
 
 import importlib.util
 import json
