@@ -270,3 +270,15 @@ def test_entropix_branches_on_every_family(family):
     assert all(np.isfinite(e.metrics[m]) for e in events for m in e.metrics), name
     replay = path_logprobs(ours, PROMPT, [e.token for e in events])
     np.testing.assert_allclose([e.logprob for e in events], replay, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "phi3", "gemma3_text-tied"])
+def test_build_model_dispatches_on_model_type(name):
+    """The entry GGUF loading shares: an HF-style config and HF-named weights."""
+    from entropix_mlx.model.loading import build_model
+
+    theirs, config = build(name)
+    ours = build_model(config, dict(tree_flatten(theirs.parameters())))
+    assert ours.model_type == config["model_type"] and ("lm_head" in ours) == ("lm_head" in theirs)
+    tokens = mx.array([PROMPT])
+    assert mx.abs(ours(tokens)[0] - theirs(tokens)).max().item() < 1e-4
