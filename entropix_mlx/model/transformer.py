@@ -63,9 +63,8 @@ class Block(nn.Module):
         r, scores = self.self_attn(self.input_layernorm(x), segments, masks, layer, rotations)
         if self.sandwich:
             h = clip_residual(x, self.post_attention_layernorm(r))
-            return clip_residual(
-                h, self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-            ), scores
+            r = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            return clip_residual(h, r), scores
         h = x + r
         return h + self.mlp(self.post_attention_layernorm(h)), scores
 
