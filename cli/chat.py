@@ -17,6 +17,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
+from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
@@ -26,10 +27,13 @@ from .options import (
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
+    FrequencyPenaltyOpt,
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
     NoColorOpt,
+    PresencePenaltyOpt,
+    RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
     SystemOpt,
@@ -55,8 +59,10 @@ COMMANDS = {
 
 
 class ChatSession:
-    def __init__(self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system, no_color):
-        self.source, self.tokenizer = source, tokenizer
+    def __init__(
+        self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system, no_color, penalties=None
+    ):
+        self.source, self.tokenizer, self.penalties = source, tokenizer, penalties
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
         self.start_sampler, self.start_seed = self.sampler.name, seed
@@ -137,7 +143,9 @@ class ChatSession:
     def answer(self, text: str):
         turn, problem, interrupted, shown = None, None, None, 0
         try:
-            turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
+            turn = self.conversation.ask(
+                text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed, penalties=self.penalties
+            )
             self.next_seed += 1
             if hasattr(turn.generation, "on_row"):  # deliberate: show the branches as they finish
                 turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
@@ -281,6 +289,9 @@ def chat(
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
     no_color: NoColorOpt = False,
     weights: WeightsOpt = default_weights(),
     budget: BudgetOpt = None,
@@ -290,7 +301,8 @@ def chat(
     config = check_options(sampler, config, model, budget, **overrides)
     llm, tokenizer, source = load_model(model, weights)
     options = {"config": config, **overrides, "budget": budget}
-    session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
+    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
+    session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties)
     try:
         session.loop()
     except Terminated:  # SIGTERM: what was shown stays; leave with 143

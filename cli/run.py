@@ -23,6 +23,7 @@ from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
+from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
@@ -32,10 +33,13 @@ from .options import (
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
+    FrequencyPenaltyOpt,
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
     NoColorOpt,
+    PresencePenaltyOpt,
+    RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
     SystemOpt,
@@ -153,6 +157,9 @@ def run(
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     json_lines: Annotated[
         bool, typer.Option("--json", help='JSON Lines on stdout: one object per token, then {"summary": ...}.')
@@ -208,7 +215,10 @@ def run(
             f"the answer stops after {room} tokens",
             style=render.META_STYLE,
         )
-    generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed)
+    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty, prompt=ids)
+    generation = generate(
+        llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed, penalties=penalties
+    )
 
     def show(event):
         if recorder is not None:

@@ -485,3 +485,33 @@ def test_closed_pipe_exits_quietly():
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0
     assert err == ""
+
+
+def test_run_and_chat_take_the_repetition_penalties(tiny_ref):
+    """The tiny model loops under greedy decoding; --repetition-penalty stops it in
+    `run` and in `chat`, and a penalty that cannot work is one line, exit 2."""
+
+    def tokens(*options):
+        code, out, err = invoke(
+            "run", "-m", tiny_ref, "a b", "--sampler", "greedy", "--max-tokens", "10", "--json", *options
+        )
+        assert code == 0, err
+        return [json.loads(line)["token"] for line in out.splitlines() if '"token"' in line]
+
+    plain = tokens()
+    assert len(set(plain)) < len(plain)
+    penalised = tokens("--repetition-penalty", "50")
+    assert len(penalised) == len(set(penalised)) == 10
+    assert tokens("--presence-penalty", "2", "--frequency-penalty", "-1") != penalised
+    saved = tiny_ref + ".json"
+    for options in ([], ["--repetition-penalty", "50"]):
+        script = f"a b\n/save {saved}\n"
+        code, _, err = invoke(
+            "chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "8", *options, input=script
+        )
+        assert code == 0, err
+        said = [t["token"] for t in json.loads(Path(saved).read_text())["turns"][0]["tokens"]]
+        assert (len(said) == len(set(said))) == bool(options), said
+    for bad in (["--repetition-penalty", "0"], ["--presence-penalty", "3"]):
+        code, _, err = invoke("run", "-m", tiny_ref, "a b", *bad)
+        assert code == 2 and bad[0] in err and "Traceback" not in err
