@@ -103,8 +103,8 @@ def test_tokens_stream_in_with_their_strategy_colour(answered):
         assert strategy in legend_names
         color = tokens.nth(i).evaluate("e => getComputedStyle(e).color")
         assert color == rgb(info["colors"][strategy])
-    # The terminal's colours: run.svg's theme, e.g. argmax is rich's "green".
-    assert info["colors"]["argmax"] == "#98a84b"
+    # The terminal's colours: run.svg's theme, e.g. argmax is its text colour (rich's "default").
+    assert info["colors"]["argmax"] == "#c5c8c6"
 
 
 def test_chart_shows_entropy_varentropy_and_thresholds(answered):
