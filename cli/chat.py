@@ -40,6 +40,7 @@ from .options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    VerboseOpt,
     WeightsOpt,
     check_options,
 )
@@ -60,9 +61,20 @@ COMMANDS = {
 
 class ChatSession:
     def __init__(
-        self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system, no_color, penalties=None
+        self,
+        llm,
+        tokenizer,
+        source,
+        sampler_name,
+        sampler_options,
+        max_tokens,
+        seed,
+        system,
+        no_color,
+        penalties=None,
+        verbose=False,
     ):
-        self.source, self.tokenizer, self.penalties = source, tokenizer, penalties
+        self.source, self.tokenizer, self.penalties, self.verbose = source, tokenizer, penalties, verbose
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
         self.start_sampler, self.start_seed = self.sampler.name, seed
@@ -81,7 +93,7 @@ class ChatSession:
         self.out.print(text, style=render.META_STYLE)
 
     def show_sampler(self):
-        self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model))
+        self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model, self.verbose))
         if self.color:
             self.out.print(render.legend(sampler_strategies(self.sampler)))
 
@@ -295,6 +307,7 @@ def chat(
     no_color: NoColorOpt = False,
     weights: WeightsOpt = default_weights(),
     budget: BudgetOpt = None,
+    verbose: VerboseOpt = False,
 ):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
@@ -302,7 +315,9 @@ def chat(
     llm, tokenizer, source = load_model(model, weights)
     options = {"config": config, **overrides, "budget": budget}
     penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
-    session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties)
+    session = ChatSession(
+        llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties, verbose
+    )
     try:
         session.loop()
     except Terminated:  # SIGTERM: what was shown stays; leave with 143

@@ -144,6 +144,10 @@ RepetitionPenaltyOpt = Annotated[
     ),
 ]
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", help="The header also names the device, the weight format and the BLAS in use."),
+]
 BudgetOpt = Annotated[
     float | None,
     typer.Option(

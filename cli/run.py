@@ -15,7 +15,8 @@ import mlx.core as mx
 import typer
 
 from entropix_mlx.accel import weights as backend
-from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.accel.blas import blas_name, blas_refused
+from entropix_mlx.accel.weights import default_weights, weights_format
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
@@ -46,6 +47,7 @@ from .options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    VerboseOpt,
     WeightsOpt,
     check_options,
 )
@@ -93,8 +95,26 @@ def build_sampler(name, tokenizer, model_name, config=None, **overrides):
     )
 
 
-def header(source, sampler, seed: int, model=None) -> str:
-    parts = [source.name] + ([backend.describe(model)] if model is not None else []) + [f"sampler {sampler.name}"]
+def compute_path(model) -> str:
+    """How the model runs, in a newcomer's words (`--verbose` adds `describe`'s
+    technical line: device, weight format, BLAS)."""
+    if mx.default_device() != mx.cpu:
+        return "GPU"
+    fmt = weights_format(model)
+    if fmt.startswith("native"):
+        words = f"CPU, the file's {fmt.removeprefix('native ')} weights"
+    elif blas_name() == "MLX's BLAS":
+        words = "CPU, slow path (no OpenBLAS found: see entropix-mlx doctor)"
+    else:
+        words = "fast CPU path"
+    return f"{words} ({blas_refused()})" if blas_refused() else words
+
+
+def header(source, sampler, seed: int, model=None, verbose: bool = False) -> str:
+    path = []
+    if model is not None:
+        path = [compute_path(model)] + ([backend.describe(model)] if verbose else [])
+    parts = [source.name, *path, f"sampler {sampler.name}"]
     config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
@@ -171,6 +191,7 @@ def run(
         typer.Option("--html", help="Also write the answer as a self-contained HTML page (the server page's export)."),
     ] = None,
     budget: BudgetOpt = None,
+    verbose: VerboseOpt = False,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
@@ -233,7 +254,7 @@ def run(
     try:
         try:
             if not json_lines:
-                err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
+                err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
                 if color:
                     err.print(render.legend(sampler_strategies(chooser)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish

@@ -515,3 +515,39 @@ def test_run_and_chat_take_the_repetition_penalties(tiny_ref):
     for bad in (["--repetition-penalty", "0"], ["--presence-penalty", "3"]):
         code, _, err = invoke("run", "-m", tiny_ref, "a b", *bad)
         assert code == 2 and bad[0] in err and "Traceback" not in err
+
+
+def test_no_help_shows_a_type_after_an_on_off_flag():
+    """Flags take no value: no command's --help writes `<bool>` after one (Typer
+    0.29 did, for --json, --raw, --no-color, --help ...), while options that take
+    a value keep their type."""
+    from entropix_mlx.cli.app import app, register_commands
+
+    register_commands()
+    names = [None] + [c.name or c.callback.__name__.removesuffix("_cmd") for c in app.registered_commands]
+    assert len(names) > 8
+    for name in names:
+        code, out, err = invoke(*([name] if name else []), "--help")
+        assert code == 0 and "--help" in out, (name, err)
+        assert "<bool>" not in out, name
+    assert "<int>" in invoke("run", "--help")[1]
+
+
+def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch):
+    """'fast CPU path', not 'float32 weights · OpenBLAS + thin kernels': the
+    technical line only with --verbose."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    monkeypatch.setattr(run_cmd, "blas_name", lambda: "OpenBLAS + thin kernels")
+    monkeypatch.setattr(run_cmd.backend, "blas_name", lambda: "OpenBLAS + thin kernels")
+    model = run_cmd._MODELS[(tiny_ref, "auto")][0]
+    model.set_dtype(mx.float32)
+    code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2")
+    head = err.splitlines()[0]
+    assert code == 0 and "fast CPU path" in head
+    assert not any(word in head for word in ("float32", "OpenBLAS", "kernels", "weights"))
+    code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2", "--verbose")
+    assert code == 0 and "fast CPU path" in err and "float32 weights · OpenBLAS + thin kernels" in err
+    monkeypatch.setattr(run_cmd, "blas_name", lambda: "MLX's BLAS")
+    assert "no OpenBLAS found" in invoke("run", "-m", tiny_ref, "hi", "--max-tokens", "1")[2]
