@@ -551,3 +551,25 @@ def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch
     assert code == 0 and "fast CPU path" in err and "float32 weights · OpenBLAS + thin kernels" in err
     monkeypatch.setattr(run_cmd, "blas_name", lambda: "MLX's BLAS")
     assert "no OpenBLAS found" in invoke("run", "-m", tiny_ref, "hi", "--max-tokens", "1")[2]
+
+
+@pytest.mark.slow
+def test_the_readmes_first_command_answers_right_and_greedy_does_not():
+    """The README's set-up command ends with one question; the default sampler
+    answers it right on the bundled model, and greedy (as the README says) does not."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("python3 -m venv"))
+    run_part = command.split("&& entropix-mlx ")[-1]
+    import shlex
+
+    args = shlex.split(run_part)
+    assert args[:2] == ["run", "How many legs does a spider have?"] and "--max-tokens" in args
+
+    def answer(*extra):
+        code, out, err = invoke(*args, "--json", *extra)
+        assert code == 0, err
+        return "".join(json.loads(line).get("text", "") for line in out.splitlines()[:-1])
+
+    assert re.search(r"\b8 legs\b", answer())
+    assert not re.search(r"\b8\b|eight", answer("--sampler", "greedy"))
+    assert "two pairs of legs" in answer("--sampler", "greedy")  # what the README quotes
