@@ -266,6 +266,10 @@ class ChatSession:
         self.conversation.system = arg or None
         self.meta(f"system prompt: {arg}" if arg else "system prompt removed")
 
+    def penalties_given(self) -> dict:
+        p = self.penalties
+        return {"presence": p.presence, "frequency": p.frequency, "repetition": p.repetition, "window": p.window}
+
     def save(self, arg):
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
@@ -276,6 +280,7 @@ class ChatSession:
             "model": self.source.name,
             "sampler": self.start_sampler,
             "seed": self.start_seed,
+            **({"penalties": self.penalties_given()} if self.penalties is not None else {}),
             **self.conversation.transcript(),
         }
         path = Path(arg).expanduser()

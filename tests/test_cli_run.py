@@ -510,8 +510,13 @@ def test_run_and_chat_take_the_repetition_penalties(tiny_ref):
             "chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "8", *options, input=script
         )
         assert code == 0, err
-        said = [t["token"] for t in json.loads(Path(saved).read_text())["turns"][0]["tokens"]]
+        data = json.loads(Path(saved).read_text())
+        said = [t["token"] for t in data["turns"][0]["tokens"]]
         assert (len(said) == len(set(said))) == bool(options), said
+        # /save records the penalties, so the conversation can be replayed
+        assert data.get("penalties") == (
+            {"presence": 0.0, "frequency": 0.0, "repetition": 50.0, "window": 64} if options else None
+        )
     for bad in (["--repetition-penalty", "0"], ["--presence-penalty", "3"]):
         code, _, err = invoke("run", "-m", tiny_ref, "a b", *bad)
         assert code == 2 and bad[0] in err and "Traceback" not in err
