@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not 
 import typer
 
 from entropix_mlx.accel import enable
-from entropix_mlx.errors import EntropixError
+from entropix_mlx.errors import EntropixError, FollowerExit
 
 from .signals import exit_code, interrupts_raise
 
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None):
     try:
         with interrupts_raise():
             code = app(args=argv, standalone_mode=False)
+    except FollowerExit:  # rank 0 prints the error
+        raise SystemExit(2) from None
     except EntropixError as e:
         fail(str(e))
     except UsageError as e:
