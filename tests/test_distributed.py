@@ -159,3 +159,14 @@ def test_ranks_with_different_model_files_stop_with_one_line(model_file, tmp_pat
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "rank 1 has different model files than rank 0" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_calibrate_and_tune_as_one_process(model_file, tmp_path):
+    args = ["calibrate", "-m", model_file, "--max-tokens", "3", "--tune", "--limit", "4", "--only", "margin-1"]
+    alone = subprocess.run(cli(*args, "--out", tmp_path / "one.toml"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert alone.returncode == 0, alone.stderr
+    two = launch(2, *cli(*args, "--out", tmp_path / "two.toml"))
+    assert "exited with code" not in two.stderr, two.stderr
+    assert (tmp_path / "two.toml").read_text() == (tmp_path / "one.toml").read_text()
+    assert two.stdout.replace("two.toml", "one.toml") == alone.stdout  # printed once, by rank 0
