@@ -170,3 +170,35 @@ def test_two_ranks_calibrate_and_tune_as_one_process(model_file, tmp_path):
     assert "exited with code" not in two.stderr, two.stderr
     assert (tmp_path / "two.toml").read_text() == (tmp_path / "one.toml").read_text()
     assert two.stdout.replace("two.toml", "one.toml") == alone.stdout  # printed once, by rank 0
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_model_decodes_as_the_whole_one():
+    done = launch(2, sys.executable, "sharded_worker.py", cwd=Path(__file__).parent)
+    assert "exited with code" not in done.stderr, done.stderr
+    result = json.loads(done.stdout)
+    assert result["heads"] == 2  # each rank holds half of the 4 query heads
+    assert result["logits"] < 1e-4 and result["metrics"] < 1e-4
+    for name in ("greedy", "entropix"):
+        whole, parted = result[name]
+        assert len(whole) == 20 and parted == whole
+    assert "adaptive" in result["strategies"]  # entropix drew tokens: the ranks' draws agreed
+    whole, parted = result["layer_bytes"]
+    assert 0.49 < parted / whole < 0.52  # the layers' weights: half, and the norms whole
+
+
+class FakeGroup:
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
+def test_a_world_size_that_does_not_divide_the_kv_heads_is_one_error(tiny_model):
+    from entropix_mlx.errors import UnsupportedModelError
+    from entropix_mlx.model.sharding import shard
+
+    with pytest.raises(UnsupportedModelError, match="3 ranks cannot share this model's 2 key/value heads"):
+        shard(tiny_model, FakeGroup(3))
+    assert tiny_model.layers[0].self_attn.n_heads == 4  # left whole

@@ -25,6 +25,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
 from ..accel.cpu_math import on_cpu, rope, rope_tables, softmax, swiglu
+from .sharding import gather_heads
 
 ModelArgs = llama.ModelArgs
 
@@ -198,6 +199,9 @@ class Model(nn.Module):
                 mx.async_eval(h)
             for mine, s in zip(scores, layer_scores, strict=False):
                 mine.append(s)
+        group = getattr(self, "head_group", None)
+        if group is not None:  # tensor-parallel (`sharding`): the metrics need every rank's heads
+            scores = [gather_heads(s, group) for s in scores]
         if last_only:
             # Prefill needs the next-token logits only: skip the vocabulary
             # projection for every other position.
