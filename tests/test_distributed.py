@@ -202,3 +202,19 @@ def test_a_world_size_that_does_not_divide_the_kv_heads_is_one_error(tiny_model)
     with pytest.raises(UnsupportedModelError, match="3 ranks cannot share this model's 2 key/value heads"):
         shard(tiny_model, FakeGroup(3))
     assert tiny_model.layers[0].self_attn.n_heads == 4  # left whole
+
+
+@pytest.mark.slow
+def test_run_on_two_ranks_answers_as_one_process(model_file):
+    args = ["run", "-m", model_file, "--json", "--max-tokens", "12", "Hello there"]
+    alone = subprocess.run(cli(*args), capture_output=True, text=True, timeout=TIMEOUT)
+    two = launch(2, *cli(*args))
+    assert "exited with code" not in two.stderr, two.stderr
+    one_lines, two_lines = (
+        [json.loads(line) for line in p.stdout.splitlines()] for p in (alone, two)
+    )  # rank 1 printed nothing: as many lines as one process
+    assert len(two_lines) == len(one_lines) == 13
+    for a, b in zip(one_lines[:-1], two_lines[:-1], strict=True):
+        assert (a["token"], a["strategy"]) == (b["token"], b["strategy"])
+        for metric in ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength"):
+            assert abs(a[metric] - b[metric]) < 1e-4
