@@ -177,6 +177,8 @@ def file_fingerprint(path) -> str:
     """A hash of the model's files: whole for small files, else the size and
     evenly spaced blocks (a different file differs in its header or its tensors)."""
     path = Path(path)
+    if not path.exists():  # e.g. a Hugging Face repo not downloaded yet: loading fetches it
+        return "absent"
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:

@@ -4,6 +4,7 @@ a sharded eval gives one process's results, a killed rank leaves a resumable
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -49,7 +50,7 @@ def free_port() -> int:
 
 def launch(n: int, *command, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*LAUNCH, "-n", str(n), "--starting-port", str(free_port()), "--", *command],
+        [*LAUNCH, "-n", str(n), "--starting-port", str(free_port()), "--env", "OMP_NUM_THREADS=1", "--", *command],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -218,3 +219,28 @@ def test_run_on_two_ranks_answers_as_one_process(model_file):
         assert (a["token"], a["strategy"]) == (b["token"], b["strategy"])
         for metric in ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength"):
             assert abs(a[metric] - b[metric]) < 1e-4
+
+
+@pytest.mark.slow
+def test_chat_on_two_ranks_prints_once_what_one_process_prints(model_file, tmp_path):
+    # mlx.launch hands every rank the terminal's input: each rank reads the same lines.
+    script = f"hello\n/seed 3\nand again\n/save {tmp_path / 'chat.json'}\n/quit\n"
+    args = ["chat", "-m", model_file, "--max-tokens", "8", "--no-color"]
+    alone = subprocess.run(cli(*args), input=script, capture_output=True, text=True, timeout=TIMEOUT)
+    assert alone.returncode == 0, alone.stderr
+    first = (tmp_path / "chat.json").read_text()
+    (tmp_path / "chat.json").unlink()
+    two = subprocess.run(
+        [*LAUNCH, "-n", "2", "--starting-port", str(free_port()), "--", *cli(*args)],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert "exited with code" not in two.stderr, two.stderr
+    assert without_speed(two.stdout) == without_speed(alone.stdout)  # printed once, by rank 0
+    assert (tmp_path / "chat.json").read_text() == first
+
+
+def without_speed(text: str) -> str:
+    return re.sub(r"[\d.]+ (tok/s|GB)", r"N \1", text)
