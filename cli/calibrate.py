@@ -68,13 +68,12 @@ def calibrate(
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    source = resolve(model)
-    card = out or card_path(source.name)
+    card = out or card_path(resolve(model).name)
     w = world()  # under mlx.launch: each rank measures a share of the prompts; rank 0 writes and prints
-    check_same_model(w, source.path)
     run_on_root(w, lambda: check_writable(card))  # before minutes of work, not after
     if keep_thresholds:
         run_on_root(w, lambda: check_card_exists(card))
+    check_same_model(w, resolve(model).path)
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
     if keep_thresholds:
