@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from entropix_mlx.accel import enable
-from entropix_mlx.errors import EntropixError
+from entropix_mlx.errors import EntropixError, FollowerExit
 
 from .signals import exit_code, interrupts_raise
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None):
     try:
         with interrupts_raise():
             code = app(args=argv, standalone_mode=False)
+    except FollowerExit:  # rank 0 prints the error
+        raise SystemExit(2) from None
     except EntropixError as e:
         fail(str(e))
     except UsageError as e:

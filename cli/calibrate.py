@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.distributed import check_same_model, run_on_root, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.sampling.cards import card_path
@@ -67,24 +68,23 @@ def calibrate(
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    check_writable(out or card_path(resolve(model).name))  # before minutes of work, not after
+    card = out or card_path(resolve(model).name)
+    w = world()  # under mlx.launch: each rank measures a share of the prompts; rank 0 writes and prints
+    run_on_root(w, lambda: check_writable(card))  # before minutes of work, not after
+    if keep_thresholds:
+        run_on_root(w, lambda: check_card_exists(card))
+    check_same_model(w, resolve(model).path)
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
     if keep_thresholds:
-        path = out or card_path(source.name)
-        if not path.is_file():
-            raise ConfigError(
-                f"--keep-thresholds needs an existing card, and {path} does not exist; "
-                "run `entropix-mlx calibrate` first"
-            )
-        return tune_card(llm, tokenizer, source.name, path, limit, candidates)
+        return tune_card(llm, tokenizer, source.name, card, limit, candidates, w.root)
 
     def progress(i, n):
         print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
 
     try:
         path, found, samples = run_calibration(
-            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress
+            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress if w.root else None
         )
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the card is written to a temporary
         # file and renamed, so it is either the old one or the new one, whole
@@ -96,14 +96,15 @@ def calibrate(
             f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
             "the old card is unchanged; free space or choose another place with --out"
         ) from None
-    print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)
-    for name, value in found.items():
-        metric, q = QUANTILES[name]
-        unit = "bits" if metric == "entropy" else "bits^2"
-        print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
-    print(f"wrote {path}")
+    if w.root:
+        print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)
+        for name, value in found.items():
+            metric, q = QUANTILES[name]
+            unit = "bits" if metric == "entropy" else "bits^2"
+            print(f"  {name:16} {value:8.4f} {unit:6}  ({metric} quantile {q:g})")
+        print(f"wrote {path}")
     if tune:
-        tune_card(llm, tokenizer, source.name, path, limit, candidates)
+        tune_card(llm, tokenizer, source.name, path, limit, candidates, w.root)
 
 
 def tune_candidates(only: str | None):
@@ -120,8 +121,16 @@ def tune_candidates(only: str | None):
     return chosen
 
 
-def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None, candidates):
-    """Tune the card's strategy settings on the dev split and print every trial."""
+def check_card_exists(path: Path):
+    if not path.is_file():
+        raise ConfigError(
+            f"--keep-thresholds needs an existing card, and {path} does not exist; run `entropix-mlx calibrate` first"
+        )
+
+
+def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None, candidates, root: bool = True):
+    """Tune the card's strategy settings on the dev split and print every trial
+    (under a launcher, rank 0 prints)."""
     from entropix_mlx.eval.tune import tune as run_tuning
 
     def tuning_progress(trial):
@@ -129,11 +138,14 @@ def tune_card(llm, tokenizer, name: str, path: Path, limit: int | None, candidat
 
     try:
         chosen, trials, greedy, _ = run_tuning(
-            llm, tokenizer, name, path, candidates, limit=limit, progress=tuning_progress
+            llm, tokenizer, name, path, candidates, limit=limit, progress=tuning_progress if root else None
         )
     except KeyboardInterrupt as interrupt:
-        print(f"\ninterrupted: the tuning in {path} is unchanged", file=sys.stderr)
+        if root:
+            print(f"\ninterrupted: the tuning in {path} is unchanged", file=sys.stderr)
         raise typer.Exit(exit_code(interrupt)) from None
+    if not root:
+        return
     print(f"greedy: dev accuracy {greedy['accuracy']:.3f}")
     for t in trials:
         o = t["open"]

@@ -15,6 +15,7 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.registry import SAMPLER_NAMES
+from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.sampling.penalties import make_penalties
@@ -44,7 +45,7 @@ from .options import (
     WeightsOpt,
     check_options,
 )
-from .run import build_sampler, header, load_model, silence_stdout
+from .run import build_sampler, header, load_model, quiet_unless_root, silence_stdout
 from .signals import Terminated, deferred
 
 COMMANDS = {
@@ -82,6 +83,7 @@ class ChatSession:
         self.base_seed = self.next_seed = seed
         self.conversation = Conversation(llm, tokenizer, system=system or None)
         self.interactive = sys.stdin.isatty()
+        self.writes_files = True
         self.out = render.make_console(no_color=no_color)
         self.color = not no_color and self.out.is_terminal and not self.out.no_color
         if not self.color:
@@ -271,6 +273,8 @@ class ChatSession:
         return {"presence": p.presence, "frequency": p.frequency, "repetition": p.repetition, "window": p.window}
 
     def save(self, arg):
+        if not self.writes_files:  # a rank other than 0: the transcript is rank 0's to write
+            return
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
             return
@@ -317,12 +321,15 @@ def chat(
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, budget, **overrides)
-    llm, tokenizer, source = load_model(model, weights)
+    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)  # under mlx.launch: sharded
+    w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
+    quiet_unless_root(w)
     options = {"config": config, **overrides, "budget": budget}
     penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     session = ChatSession(
         llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties, verbose
     )
+    session.writes_files = w.root
     try:
         session.loop()
     except Terminated:  # SIGTERM: what was shown stays; leave with 143

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
+from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import resolve
 from entropix_mlx.sampling.config import resolve_config
@@ -177,6 +178,8 @@ def eval_command(
     source = resolve(model)
     if "entropix" in names:  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config)
+    w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
+    check_same_model(w, source.path)
     llm, tokenizer, source = load_model(model, weights)
 
     def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
@@ -199,8 +202,14 @@ def eval_command(
         cfg = ev.EvalConfig(**common, tasks_name="builtin" if builtin else Path(path).name, split=split, cot=cot)
         run = ev.run_eval
     try:
-        results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
+        if w.root:
+            results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
+        else:
+            run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory)
+            return
     except KeyboardInterrupt:
+        if not w.root:
+            raise
         where = (
             f"; the finished items are in {out}: run the same command again to continue"
             if out

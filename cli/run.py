@@ -21,9 +21,11 @@ from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
+from entropix_mlx.model.sharding import shard
 from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import sampler_strategies
 
@@ -57,13 +59,27 @@ from .signals import deferred, exit_code
 _MODELS: dict[tuple[str, str], tuple] = {}
 
 
-def load_model(ref: str | None, weights: str = "auto"):
-    """(model, tokenizer, source), loaded once per process."""
-    key = (str(resolve(ref).path), weights)
+def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = False):
+    """(model, tokenizer, source), loaded once per process. With `tensor_parallel`,
+    under a launcher with several ranks, each rank holds its share of the layers
+    (`model.sharding`) and all of them must have rank 0's model files."""
+    w = world() if tensor_parallel else None
+    key = (str(resolve(ref).path), weights) + (("sharded",) if w is not None and w.size > 1 else ())
     if key not in _MODELS:
+        if len(key) > 2:
+            check_same_model(w, resolve(ref).path)
         _MODELS[key] = load(ref, return_source=True, weights=weights)
+        if len(key) > 2:
+            shard(_MODELS[key][0], w.group)
         warm_up_compiler()
     return _MODELS[key]
+
+
+def quiet_unless_root(w) -> None:
+    """Ranks other than 0 print nothing but errors: stdout goes nowhere (their
+    consoles are made quiet by the caller); the errors go to stderr as ever."""
+    if not w.root:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
 
 
 @mx.compile
@@ -208,7 +224,9 @@ def run(
             "give a file name in an existing folder"
         )
     text = read_prompt(prompt)
-    llm, tokenizer, source = load_model(model, weights)
+    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)  # under mlx.launch: sharded
+    w = world()
+    quiet_unless_root(w)
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
     recorder = None
     if html is not None:  # records each token's top alternatives for the page's hover details
@@ -230,6 +248,8 @@ def run(
     if not color:
         out = render.make_console(no_color=True)
     err = render.make_console(stderr=True, no_color=not color)
+    if not w.root:
+        out = err = render.make_console(no_color=True)  # stdout, which goes nowhere
     if max_tokens > room:  # stop at the end of the context rather than overflow it mid-answer
         err.print(
             f"warning: --max-tokens {max_tokens} is more than the context leaves after the prompt; "
@@ -285,7 +305,7 @@ def run(
         raise typer.Exit(0) from None
     if not json_lines:
         err.print(render.summary_line(summary))
-    if recorder is not None:
+    if recorder is not None and w.root:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
     raise typer.Exit(code)

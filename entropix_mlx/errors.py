@@ -20,3 +20,13 @@ class ContextOverflowError(EntropixError):
 
 class ConfigError(EntropixError):
     """A sampler or CLI setting is invalid."""
+
+
+class DistributedError(EntropixError):
+    """The ranks of a launched job cannot work together: one did not connect,
+    one went away, or they were given different models or settings."""
+
+
+class FollowerExit(EntropixError):
+    """A rank other than 0 stops because rank 0 stopped with an error that rank 0
+    prints: printing it on every rank would only repeat it."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..decode.generate import generate
+from ..distributed import all_gather_json, world
 from ..files import write_atomic
 from ..sampling.cards import card_path
 from ..sampling.config import SamplerConfig
@@ -75,13 +76,18 @@ def collect(
     sampler = TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p)
     if attention_layers != "all":
         raise NotImplementedError("calibration records the default layer choice ('all')")
-    rows = []
+    w = world()  # under a launcher each rank measures every size-th prompt
+    mine = []
     for i, prompt in enumerate(prompts):
+        if i % w.size != w.rank:
+            continue
         if progress:
             progress(i, len(prompts))
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        for event in generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed + i):
-            rows.append([event.metrics[n] for n in METRIC_NAMES])
+        events = generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed + i)
+        mine.append((i, [[float(event.metrics[n]) for n in METRIC_NAMES] for event in events]))
+    by_prompt = sorted(p for part in all_gather_json(w, mine) for p in part)
+    rows = [row for _, steps in by_prompt for row in steps]
     data = np.array(rows, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
     return {name: data[:, j] for j, name in enumerate(METRIC_NAMES)}
 
@@ -217,5 +223,6 @@ def calibrate(
         extra = other_tables(path.read_text())
     fields = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
-    write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
+    if world().root:  # the card lives on rank 0's machine
+        write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
     return path, found, samples

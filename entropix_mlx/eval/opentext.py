@@ -170,7 +170,7 @@ def run_open(
     make_sampler: Callable | None = None,
     progress=None,
     on_record: Callable[[dict], None] | None = None,
-) -> dict:
+) -> dict | None:
     """Every (sampler, seed) writes for every prompt; metrics per output, then
     `summarize_open`. Same resumable store and arguments as `run_eval`."""
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
@@ -200,7 +200,21 @@ def run_open(
             **text_metrics(result.tokens, logprobs, result.finish_reason, config.early_tokens),
         }
 
-    store = run_items(prompts, encoded, identity, runs, config.max_tokens, rows, fields, out_dir, progress, on_record)
+    store = run_items(
+        prompts,
+        encoded,
+        identity,
+        runs,
+        config.max_tokens,
+        rows,
+        fields,
+        out_dir,
+        progress,
+        on_record,
+        config.batch_size,
+    )
+    if store is None:  # a rank other than 0 under a launcher: rank 0 holds the records
+        return None
     results = summarize_open(store.records, prompts, config)
     store.write_results(results)
     return results

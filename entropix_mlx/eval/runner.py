@@ -69,8 +69,10 @@ def run_eval(
     make_sampler: Callable | None = None,
     progress=None,
     on_record: Callable[[dict], None] | None = None,
-) -> dict:
-    """Run every (sampler, seed) over the tasks and summarize.
+) -> dict | None:
+    """Run every (sampler, seed) over the tasks and summarize. Under a launcher
+    with several ranks the items are shared out (`store.run_items_sharded`);
+    rank 0 returns the results, the others None.
 
     `make_sampler(name)` builds one sampler (default: `samplers.make_sampler`
     with the model's card). `progress(done, total, description)` is called
@@ -110,7 +112,11 @@ def run_eval(
             **getattr(result, "extra", {}),
         }
 
-    store = run_items(tasks, prompts, identity, runs, config.max_tokens, rows, fields, out_dir, progress, on_record)
+    store = run_items(
+        tasks, prompts, identity, runs, config.max_tokens, rows, fields, out_dir, progress, on_record, config.batch_size
+    )
+    if store is None:  # a rank other than 0 under a launcher: rank 0 holds the records
+        return None
     results = summarize(store.records, tasks, config)
     store.write_results(results)
     return results

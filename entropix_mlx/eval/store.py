@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..decode import registry
 from ..decode.rows import Request
+from ..distributed import World, agree, all_gather_json, run_on_root, world
 from ..errors import ConfigError
 
 
@@ -136,6 +137,18 @@ def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], r
     return store, total, done
 
 
+def new_record(name: str, seed: int, item, prompt_of: dict, fields: dict) -> dict:
+    """The fields every record starts with, then the mode's `fields`."""
+    return {
+        "sampler": name,
+        "seed": seed,
+        "index": item.index,
+        "question": item.question,
+        "prompt_sha256": digest(prompt_of[item.index]),
+        **fields,
+    }
+
+
 Rows = Callable[[str, list, list[Request], list[int]], Iterable[tuple[int, object, float]]]
 
 
@@ -150,9 +163,12 @@ def run_items(
     out_dir=None,
     progress=None,
     on_record: Callable[[dict], None] | None = None,
-) -> ResultStore:
+    batch_size: int = 8,
+) -> ResultStore | None:
     """Every (sampler name, run seed) of `runs` over the items the store at
     `out_dir` does not hold yet; returns the store, every record in it.
+    Under a launcher with several ranks, see `run_items_sharded`: rank 0 gets
+    the store, the others None.
 
     Items have `.index` and `.question`; `prompts[k]` is items[k]'s prompt tokens.
     `rows(name, todo, requests, prefix)` yields (i, result, seconds) for todo[i],
@@ -160,6 +176,11 @@ def run_items(
     the record, after the fields every record starts with. `progress(done, total,
     description)` is called after every item; `on_record(record)` sees each new
     record after it is saved (tests use it to interrupt a run)."""
+    w = world()
+    if w.size > 1:
+        return run_items_sharded(
+            w, items, prompts, identity, runs, max_tokens, rows, fields, out_dir, progress, on_record, batch_size
+        )
     store, total, done = open_store(out_dir, identity, items, prompts, runs, progress)
     prefix = common_prefix(prompts)
     prompt_of = {item.index: p for item, p in zip(items, prompts, strict=False)}
@@ -170,19 +191,67 @@ def run_items(
             continue
         requests = [Request(prompt_of[item.index], item_seed(seed, item.index), max_tokens) for item in todo]
         for i, result, seconds in rows(name, todo, requests, prefix):
-            item = todo[i]
-            record = {
-                "sampler": name,
-                "seed": seed,
-                "index": item.index,
-                "question": item.question,
-                "prompt_sha256": digest(prompt_of[item.index]),
-                **fields(item, prompt_of[item.index], result, seconds),
-            }
+            record = new_record(
+                name, seed, todo[i], prompt_of, fields(todo[i], prompt_of[todo[i].index], result, seconds)
+            )
             store.add(record)
             done += 1
             if progress:
                 progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
             if on_record:
                 on_record(record)
+    return store
+
+
+def run_items_sharded(
+    w: World, items, prompts, identity, runs, max_tokens, rows, fields, out_dir, progress, on_record, batch_size
+) -> ResultStore | None:
+    """`run_items` over the ranks of `w`. Rank 0 alone opens the store (the
+    others may run on machines without the --out folder) and tells every rank
+    what is done. Each run's remaining items go in chunks of a few batches per
+    rank; each rank answers every size-th item of a chunk, and after each chunk
+    rank 0 gathers the records and appends them to items.jsonl in item order.
+    So a killed rank loses at most its current chunk, and a rerun with any
+    number of ranks resumes from the file, as one process does. Answers do not
+    depend on which rank or batch an item lands in (`item_seed`)."""
+    digests = [digest(p) for p in prompts]
+    mine = json.dumps([identity, [item.index for item in items], digests], sort_keys=True)
+    agree(
+        w,
+        "eval items, prompts or settings",
+        hashlib.sha256(mine.encode()).hexdigest(),
+        "run the same command with the same files on every rank",
+    )
+    store, total, done = None, len(runs) * len(items), 0
+
+    def open_root():
+        nonlocal store, done
+        store, _, done = open_store(out_dir, identity, items, prompts, runs, progress)
+        return sorted(store.records)
+
+    finished = {tuple(k) for k in run_on_root(w, open_root)}
+    prefix = common_prefix(prompts)
+    prompt_of = {item.index: p for item, p in zip(items, prompts, strict=False)}
+    chunk = max(16, 2 * batch_size) * w.size
+    for name, seed in runs:
+        todo = [item for item in items if (name, seed, item.index) not in finished]
+        for start in range(0, len(todo), chunk):
+            share = todo[start : start + chunk][w.rank :: w.size]
+            requests = [Request(prompt_of[item.index], item_seed(seed, item.index), max_tokens) for item in share]
+            records = []
+            for i, result, seconds in rows(name, share, requests, prefix) if share else ():
+                item = share[i]
+                records.append(
+                    new_record(name, seed, item, prompt_of, fields(item, prompt_of[item.index], result, seconds))
+                )
+            gathered = [r for part in all_gather_json(w, records) for r in part]
+            if not w.root:
+                continue
+            for record in sorted(gathered, key=lambda r: r["index"]):
+                store.add(record)
+                done += 1
+                if progress:
+                    progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
+                if on_record:
+                    on_record(record)
     return store

@@ -1,5 +1,6 @@
 import datetime
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -7,6 +8,7 @@ import numpy as np
 from ..decode.engine import generate_batch
 from ..decode.prompt import encode_chat
 from ..decode.rows import Request
+from ..distributed import all_gather_json, run_on_root, world
 from ..sampling.config import SamplerConfig, load_toml
 from ..sampling.entropix import EntropixSampler
 from ..sampling.samplers import GreedySampler, MinPSampler
@@ -123,14 +125,31 @@ TUNED_FIELDS = (
 
 
 def _runs(model, tokenizer, prompts: list[list[int]], make, seeds, max_tokens: int):
-    """(prompt index, seed, RowResult) of every prompt under each seed, batched
-    as the eval batches them (batch 8, the eval's per-item seeds)."""
+    """(prompt index, seed, answer) of every prompt under each seed, in that
+    order, batched as the eval batches them (batch 8, the eval's per-item
+    seeds). Under a launcher each rank answers every size-th prompt and every
+    rank gets all answers (tokens, logprobs, finish_reason)."""
+    w = world()
     out = []
     for seed in seeds:
-        requests = [Request(p, item_seed(seed, i), max_tokens) for i, p in enumerate(prompts)]
-        for i, result, _ in generate_batch(model, tokenizer, requests, make, 8, prefix=common_prefix(prompts)):
-            out.append((i, seed, result))
-    return out
+        mine = list(range(w.rank, len(prompts), w.size))
+        requests = [Request(prompts[i], item_seed(seed, i), max_tokens) for i in mine]
+        for k, result, _ in generate_batch(model, tokenizer, requests, make, 8, prefix=common_prefix(prompts)):
+            out.append((mine[k], seed, result))
+    if w.size > 1:
+        answers = [(i, seed, [r.tokens, r.logprobs, r.finish_reason]) for i, seed, r in out]
+        gathered = (a for part in all_gather_json(w, answers) for a in part)
+        out = [(i, seed, Answer(*fields)) for i, seed, fields in gathered]
+    return sorted(out, key=lambda x: (x[1], x[0]))
+
+
+@dataclass
+class Answer:
+    """What tuning reads of an answer another rank decoded."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    finish_reason: str
 
 
 def open_figures(runs) -> dict:
@@ -177,8 +196,9 @@ def tune(
     Returns (chosen, trials, greedy, min_p)."""
     candidates = TUNE_CANDIDATES if candidates is None else candidates
     path = Path(path)
-    card = load_toml(path)
-    thresholds_only = SamplerConfig().replace(**{k: getattr(card, k) for k in QUANTILES})
+    w = world()  # the card is rank 0's: the other ranks may have none, or an older one
+    thresholds = run_on_root(w, lambda: {k: getattr(load_toml(path), k) for k in QUANTILES})
+    thresholds_only = SamplerConfig().replace(**thresholds)
     tasks = select_split(load_tasks(builtin_tasks_path()), TUNE_SPLIT)[:limit]
     chat = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]) for t in tasks]
     open_prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
@@ -214,6 +234,8 @@ def tune(
         trials.append(row)
     chosen = choose(trials, greedy, min_p)
     settings = {f: getattr(thresholds_only.replace(**chosen["overrides"]), f) for f in TUNED_FIELDS}
+    if not w.root:
+        return chosen, trials, greedy, min_p
     earlier = earlier_trials(path, {t["name"] for t in trials})
     write_card(
         path,

@@ -19,6 +19,7 @@ from mlx_lm.models.gemma3_text import clip_residual
 
 from ..accel.cpu_math import on_cpu, rope_tables, swiglu
 from .attention import rope_key
+from .sharding import gather_heads
 
 
 @dataclass
@@ -127,6 +128,9 @@ class Transformer(nn.Module):
                 mx.async_eval(h)
             for mine, s in zip(scores, layer_scores, strict=False):
                 mine.append(s)
+        group = getattr(self, "head_group", None)
+        if group is not None:  # tensor-parallel (`sharding`): the metrics need every rank's heads
+            scores = [gather_heads(s, group) for s in scores]
         if last_only:
             # Prefill needs the next-token logits only: skip the vocabulary
             # projection for every other position.
