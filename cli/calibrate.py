@@ -10,8 +10,8 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import load, resolve
-from entropix_mlx.sampling.cards import card_path
+from entropix_mlx.model.loading import load, model_identity, resolve
+from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
 
 from .options import ModelOpt, WeightsOpt
 from .run import warm_up_compiler
@@ -24,7 +24,12 @@ from .signals import exit_code
 def calibrate(
     model: ModelOpt = None,
     out: Annotated[
-        Path | None, typer.Option("--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")
+        Path | None,
+        typer.Option(
+            "--out",
+            dir_okay=False,
+            help="Card to write (default: the shipped models/<name>.toml, else the model's user card).",
+        ),
     ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens generated per prompt.")] = 24,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed of the sampled answers.")] = 0,
@@ -67,11 +72,22 @@ def calibrate(
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    check_writable(out or card_path(resolve(model).name))  # before minutes of work, not after
+    name = resolve(model).name
+    if out is None and shipped_card(name).is_file():
+        out = shipped_card(name)
+    if out is not None:
+        check_writable(out)  # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
+    identity = None
+    if out is None:  # a model without a shipped card: its user card
+        identity = model_identity(source)
+        folder, why = checked_user_cards_dir()
+        if why:
+            raise ConfigError(f"cannot write the user card: {why}; choose a place with --out")
+        out = folder / user_card_name(source.name, identity)
     if keep_thresholds:
-        path = out or card_path(source.name)
+        path = out
         if not path.is_file():
             raise ConfigError(
                 f"--keep-thresholds needs an existing card, and {path} does not exist; "
@@ -84,16 +100,16 @@ def calibrate(
 
     try:
         path, found, samples = run_calibration(
-            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress
+            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress, identity=identity
         )
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the card is written to a temporary
         # file and renamed, so it is either the old one or the new one, whole
-        print(f"\ninterrupted: {out or card_path(source.name)} was not changed", file=sys.stderr)
+        print(f"\ninterrupted: {out} was not changed", file=sys.stderr)
         raise typer.Exit(exit_code(interrupt)) from None
     except OSError as e:  # e.g. the disk filled up while writing
         print(file=sys.stderr)
         raise ConfigError(
-            f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
+            f"cannot write the card {out}: {e.strerror or e}; "
             "the old card is unchanged; free space or choose another place with --out"
         ) from None
     print(f"\r{len(samples['entropy'])} steps over {len(PROMPTS)} prompts", file=sys.stderr)

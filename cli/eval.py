@@ -177,7 +177,7 @@ def eval_command(
     source = resolve(model)
     if "entropix" in names:  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config)
-    llm, tokenizer, source = load_model(model, weights)
+    llm, tokenizer, source = load_model(model, weights, card=bool({"entropix", "deliberate"} & set(names)))
 
     def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
         return make_sampler(

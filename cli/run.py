@@ -26,6 +26,7 @@ from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
+from .cards import ensure_model_card
 from .deliberation import deliberation_progress
 from .options import (
     DEFAULT_MAX_TOKENS,
@@ -49,14 +50,19 @@ from .signals import deferred, exit_code
 
 # Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
 _MODELS: dict[tuple[str, str], tuple] = {}
+_CARDS: set[tuple[str, str]] = set()  # the models whose card was found or measured in this process
 
 
-def load_model(ref: str | None, weights: str = "auto"):
-    """(model, tokenizer, source), loaded once per process."""
+def load_model(ref: str | None, weights: str = "auto", card: bool = True):
+    """(model, tokenizer, source), loaded once per process. With `card`, a model
+    without a card gets one measured now (cli/cards.py), once per process."""
     key = (str(resolve(ref).path), weights)
     if key not in _MODELS:
         _MODELS[key] = load(ref, return_source=True, weights=weights)
         warm_up_compiler()
+    if card and key not in _CARDS:
+        ensure_model_card(*_MODELS[key])
+        _CARDS.add(key)
     return _MODELS[key]
 
 
@@ -180,7 +186,7 @@ def run(
             "give a file name in an existing folder"
         )
     text = read_prompt(prompt)
-    llm, tokenizer, source = load_model(model, weights)
+    llm, tokenizer, source = load_model(model, weights, card=sampler in ("entropix", "deliberate"))
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
     recorder = None
     if html is not None:  # records each token's top alternatives for the page's hover details

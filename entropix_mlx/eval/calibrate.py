@@ -11,11 +11,13 @@ The result goes to the model's card, `models/<name>.toml`, written atomically.
 
 import datetime
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
 from ..decode.generate import generate
+from ..errors import ConfigError
 from ..files import write_atomic
 from ..sampling.cards import card_path
 from ..sampling.config import SamplerConfig
@@ -64,6 +66,77 @@ QUANTILES = {
 
 REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
+# A model without a card of its own starts from what won on the bundled model's
+# dev split (models/smollm2-135m.toml, [tuning] and [deliberate]): the strategy
+# settings as they are, and the thresholds those settings moved as rules on
+# this model's own measurements: the branch state takes every high-varentropy
+# step (high_varentropy at low_varentropy's quantile, high_entropy at the
+# vocabulary's maximum, so resample never fires) and think never fires.
+NEW_MODEL_SAMPLER = {
+    "think_varentropy": 0.0,
+    "strategies": ["argmax", "branch", "adaptive"],
+    "argmax_margin": 1.0,
+    "repetition_penalty": 2.0,
+    "repetition_ngram": 3,
+    "adaptive_samples": 5,
+    "adaptive_max_temperature": 1.5,
+    "branch_candidates": 3,
+    "branch_rollout_tokens": 16,
+    "branch_select": "confidence",
+    "branch_keep_margin": 0.1,
+    "branch_rollout": "scored",
+    "branch_decide_tokens": 2,
+}
+NEW_MODEL_DELIBERATE = {
+    "first_alternatives": 2,
+    "alternatives": 1,
+    "max_branch_points": 0,
+    "max_branches": 5,
+    "budget": 6.0,
+    "selector": "continuation_margin",
+    "margin": 0.1,
+}
+ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
+
+
+def max_entropy(vocabulary: int) -> float:
+    """The largest entropy (bits) a distribution over `vocabulary` tokens can
+    have, log2 of it, rounded down to the card's 4 decimals."""
+    return math.floor(math.log2(vocabulary) * 1e4) / 1e4
+
+
+def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
+    """(fields with every entropy threshold at most max_entropy(vocabulary), the
+    original values of those clipped). A threshold above the maximum can never
+    be crossed, so clipping it changes no decision."""
+    top = max_entropy(vocabulary)
+    clipped = {k: fields[k] for k in ENTROPY_THRESHOLDS if k in fields and fields[k] > top}
+    return {**fields, **dict.fromkeys(clipped, top)}, clipped
+
+
+def new_model_fields(found: dict, vocabulary: int | None) -> dict:
+    """[sampler] for a model without a card: measured thresholds, the rules and
+    settings of NEW_MODEL_SAMPLER."""
+    return {
+        **found,
+        "high_varentropy": found["low_varentropy"],
+        "high_entropy": max_entropy(vocabulary) if vocabulary else found["high_entropy"],
+        "thinking_text": SamplerConfig().thinking_text,
+        **NEW_MODEL_SAMPLER,
+    }
+
+
+def deliberate_table(found: dict) -> str:
+    """[deliberate] for a model without a card: NEW_MODEL_DELIBERATE, with the
+    gate (used only if max_branch_points is raised) at this model's uncertain steps."""
+    fields = {"branch_entropy": found["medium_entropy"], "branch_varentropy": found["high_varentropy"]}
+    lines = [
+        "# The `deliberate` sampler: the settings that won on the bundled model's dev split",
+        "# (docs/deliberate.md); the gate's thresholds are this model's medium entropy and high varentropy.",
+        "[deliberate]",
+    ]
+    return "\n".join(lines + [f"{k} = {toml_value(v)}" for k, v in {**NEW_MODEL_DELIBERATE, **fields}.items()])
+
 
 def collect(
     model, tokenizer, prompts=PROMPTS, max_tokens: int = 24, seed: int = 0, attention_layers="all", progress=None
@@ -80,7 +153,10 @@ def collect(
         if progress:
             progress(i, len(prompts))
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        for event in generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed + i):
+        room = model.args.max_position_embeddings - len(ids)  # a small context measures what fits
+        if room < 1:
+            continue
+        for event in generate(model, tokenizer, ids, sampler, max_tokens=min(max_tokens, room), seed=seed + i):
             rows.append([event.metrics[n] for n in METRIC_NAMES])
     data = np.array(rows, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
     return {name: data[:, j] for j, name in enumerate(METRIC_NAMES)}
@@ -152,11 +228,15 @@ def card_text(
     n_prompts: int,
     max_tokens: int,
     extra: str = "",
+    vocabulary: int | None = None,
+    clipped: dict | None = None,
+    identity: str | None = None,
 ) -> str:
     lines = [
         f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
         "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
         f"name = {toml_value(model_name)}",
+        *([f"identity = {toml_value(identity)}  # the model this card was measured on"] if identity else []),
         "",
         "[sampler]",
         *(f"{k} = {toml_value(v)}" for k, v in sampler_fields.items()),
@@ -170,6 +250,17 @@ def card_text(
         "thresholds_at = { "
         + ", ".join(f'{k} = "{m} q{q:g}"' for k, (m, q) in QUANTILES.items())
         + " }  # think_varentropy: among steps with entropy > medium_entropy",
+    ]
+    if vocabulary:
+        lines.append(f"vocabulary = {vocabulary}  # tokens: entropy is at most {max_entropy(vocabulary)} bits")
+    if clipped:
+        lines.append(
+            "clipped = "
+            + "{ "
+            + ", ".join(f"{k} = {toml_value(v)}" for k, v in clipped.items())
+            + " }  # set above the largest entropy, lowered to it (no decision changes)"
+        )
+    lines += [
         "",
         "# The measured distribution of each metric, at the quantiles above.",
         "[calibration.metrics]",
@@ -199,23 +290,33 @@ def calibrate(
     seed: int = 0,
     samples: dict | None = None,
     progress=None,
+    identity: str | None = None,
 ) -> tuple[Path, dict, dict]:
     """Measure, derive thresholds, write the card; returns (path, thresholds, samples).
 
     Settings already in an existing card other than the thresholds (e.g. its
     thinking_text, tuned strategy parameters) are kept, and so are its other
-    tables ([tuning], [deliberate], ...)."""
+    tables ([tuning], [deliberate], ...). A new card starts from the new-model
+    settings (NEW_MODEL_SAMPLER, NEW_MODEL_DELIBERATE). Entropy thresholds
+    are clipped to the vocabulary's maximum, and the card says so."""
 
     path = Path(out) if out else card_path(model_name)
     if samples is None:
         samples = collect(model, tokenizer, prompts, max_tokens, seed, progress=progress)
     found = thresholds(samples)
-    kept, extra = {}, ""
-    if path.is_file():
-        old = read_toml(path).get("sampler", {})
+    vocabulary = getattr(getattr(model, "args", None), "vocab_size", None)  # None: measured elsewhere
+    try:
+        old_text = path.read_text() if path.is_file() else None
+        old = read_toml(path).get("sampler", {}) if old_text is not None else None
+    except (OSError, UnicodeDecodeError, ConfigError):  # a corrupt card is replaced whole
+        old_text = old = None
+    if old is not None:
         kept = {k: v for k, v in old.items() if k not in found}
-        extra = other_tables(path.read_text())
-    fields = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}
+        fields, extra = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}, other_tables(old_text)
+    else:
+        fields, extra = new_model_fields(found, vocabulary), deliberate_table(found)
+    fields, clipped = clip_to_vocabulary(fields, vocabulary) if vocabulary else (fields, {})
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
-    write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
+    text = card_text(model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity)
+    write_card(path, text)
     return path, found, samples
