@@ -96,7 +96,7 @@ def calibrate(
         return tune_card(llm, tokenizer, source.name, path, limit, candidates)
 
     def progress(i, n):
-        print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
+        print(f"\ranswers {i}/{n}", end="", file=sys.stderr, flush=True)
 
     try:
         path, found, samples = run_calibration(

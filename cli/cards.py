@@ -22,6 +22,7 @@ def ensure_model_card(llm, tokenizer, source, no_color: bool = False):
                 TimeElapsedColumn(),
                 console=console,
                 transient=True,
+                disable=not console.is_terminal,  # a bar drawn into a pipe is noise: the line after says it all
             )
             bar["p"].start()
             bar["task"] = bar["p"].add_task("", total=n)

@@ -23,7 +23,7 @@ from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
-from entropix_mlx.sampling.strategies import sampler_strategies
+from entropix_mlx.sampling.strategies import deterministic, sampler_strategies
 
 from . import render
 from .cards import ensure_model_card
@@ -100,7 +100,7 @@ def header(source, sampler, seed: int, model=None) -> str:
     config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
-    parts.append(f"seed {seed}")
+    parts.append("deterministic (the seed changes nothing)" if deterministic(sampler) else f"seed {seed}")
     return " · ".join(parts)
 
 
@@ -231,7 +231,7 @@ def run(
             if not json_lines:
                 err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
                 if color:
-                    err.print(render.legend(sampler_strategies(chooser)))
+                    err.print(render.legend(sampler_strategies(chooser, llm.args.vocab_size)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                     generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:

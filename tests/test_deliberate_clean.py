@@ -84,3 +84,25 @@ def test_progress_lines_number_the_branches_as_the_summary_does(tiny_ref):
         assert repr(" ".join(c["text"].split())[:20])[:-1] in lines[f"branch {number}"]
     chosen = "the greedy answer" if d["chosen"] == 0 else f"branch {d['chosen']}"
     assert f"chose {chosen}" in err
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Write a haiku about rain.",  # greedy loops "a gentle rain, a gentle rain, ..." to the 256-token limit
+        "Tom has 3 apples, buys 5 more and gives 2 away. How many apples does he have?",
+    ],
+)
+def test_the_bundled_model_never_keeps_a_loop(smollm, prompt):
+    from entropix_mlx.decode.deliberate import deliberate
+    from entropix_mlx.decode.prompt import encode_chat
+    from entropix_mlx.sampling.deliberate_config import resolve_deliberate
+
+    model, tokenizer = smollm
+    config, _ = resolve_deliberate("smollm2-135m")
+    ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    d = deliberate(model, tokenizer, ids, config, max_tokens=256)
+    assert d.winner.flaw() is None, (d.reason, d.winner.text)
+    before = select(d.candidates, config.selector, config.margin, clean_first="off")[0]
+    if prompt.startswith("Write a haiku"):  # the failure this rule fixes: the old rule kept greedy's loop
+        assert before == 0 and d.candidates[0].loop >= LOOP_ALERT and d.chosen != 0

@@ -47,7 +47,7 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     status = usercard.ensure_card(model, tokenizer, source, progress=lambda i, n: seen.append((i, n)))
     assert status.kind == "measured" and status.path.parent == cards_dir and status.path.is_file()
     assert "has no card: measured one" in status.note and str(status.path) in status.note
-    assert seen == [(0, 3), (1, 3), (2, 3)]
+    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert stat.S_IMODE(cards_dir.stat().st_mode) == 0o700
     data = tomllib.loads(status.path.read_text())
     assert data["identity"] == model_identity(source) and data["name"] == "tiny"

@@ -11,12 +11,12 @@ The result goes to the model's card, `models/<name>.toml`, written atomically.
 
 import datetime
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
-from ..decode.generate import generate
+from ..decode.engine import generate_batch
+from ..decode.rows import Request
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..sampling.cards import card_path
@@ -24,6 +24,7 @@ from ..sampling.config import SamplerConfig
 from ..sampling.metrics import METRIC_NAMES
 from ..sampling.samplers import TemperatureSampler
 from ..sampling.settings import read_toml
+from ..sampling.strategies import max_entropy
 
 # Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
 # writing, advice, definitions, translation, open questions, chit-chat.
@@ -99,12 +100,6 @@ NEW_MODEL_DELIBERATE = {
 ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
 
 
-def max_entropy(vocabulary: int) -> float:
-    """The largest entropy (bits) a distribution over `vocabulary` tokens can
-    have, log2 of it, rounded down to the card's 4 decimals."""
-    return math.floor(math.log2(vocabulary) * 1e4) / 1e4
-
-
 def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
     """(fields with every entropy threshold at most max_entropy(vocabulary), the
     original values of those clipped). A threshold above the maximum can never
@@ -141,24 +136,35 @@ def deliberate_table(found: dict) -> str:
 def collect(
     model, tokenizer, prompts=PROMPTS, max_tokens: int = 24, seed: int = 0, attention_layers="all", progress=None
 ) -> dict[str, np.ndarray]:
-    """Every step's six metrics over short sampled answers to `prompts`;
-    `progress(i, n)` is called before each prompt."""
+    """Every step's six metrics over short sampled answers to `prompts`, all
+    answered at once by the batch engine (a model's first use waits for this);
+    `progress(done, n)` at the start and as each answer finishes."""
 
     base = SamplerConfig()
-    sampler = TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p)
     if attention_layers != "all":
         raise NotImplementedError("calibration records the default layer choice ('all')")
-    rows = []
+    requests = []
     for i, prompt in enumerate(prompts):
-        if progress:
-            progress(i, len(prompts))
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         room = model.args.max_position_embeddings - len(ids)  # a small context measures what fits
-        if room < 1:
-            continue
-        for event in generate(model, tokenizer, ids, sampler, max_tokens=min(max_tokens, room), seed=seed + i):
-            rows.append([event.metrics[n] for n in METRIC_NAMES])
-    data = np.array(rows, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
+        if room >= 1:
+            requests.append(Request(ids, seed + i, min(max_tokens, room)))
+    if progress:
+        progress(0, len(requests))
+    answers = {}
+    rows = generate_batch(
+        model,
+        tokenizer,
+        requests,
+        lambda: TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p),
+        batch_size=max(1, len(requests)),
+    )
+    for done, (index, result, _) in enumerate(rows, start=1):
+        answers[index] = [[m[n] for n in METRIC_NAMES] for m in result.metrics]
+        if progress:
+            progress(done, len(requests))
+    steps = [step for index in sorted(answers) for step in answers[index]]
+    data = np.array(steps, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
     return {name: data[:, j] for j, name in enumerate(METRIC_NAMES)}
 
 
