@@ -72,9 +72,8 @@ def calibrate(
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    name = resolve(model).name
-    if out is None and shipped_card(name).is_file():
-        out = shipped_card(name)
+    if out is None and shipped_card(resolve(model).name).is_file():
+        out = shipped_card(resolve(model).name)
     if out is not None:
         check_writable(out)  # before minutes of work, not after
     llm, tokenizer, source = load(model, return_source=True, weights=weights)

@@ -43,7 +43,7 @@ def test_a_looping_greedy_answer_loses_to_a_clean_branch_whatever_its_confidence
 
 def test_an_answer_cut_off_by_the_length_limit_loses_to_one_that_ended():
     cands = [cand("9", None, logprob=-0.1, finish="length"), cand("7", logprob=-2.0)]
-    chosen, reason, _ = select(cands, "continuation_margin", 0.1)
+    chosen, reason, _ = select(cands, "continuation_margin", 0.1, clean_first="loop_or_length")
     assert chosen == 1 and "length limit" in reason
     assert select(cands, "continuation_margin", 0.1, clean_first="loop")[0] == 0  # loops only: kept
 
@@ -57,11 +57,12 @@ def test_a_degenerate_branch_never_replaces_a_clean_greedy_answer():
 
 def test_when_every_candidate_is_degenerate_the_selector_decides_as_before():
     cands = [cand("7", None, logprob=-2.0, finish="length"), cand("8", logprob=-0.1, finish="length")]
-    assert select(cands, "logprob", 2.0)[0] == 0 and select(cands, "logprob", 0.0)[0] == 1
+    for rule in ("loop", "loop_or_length"):
+        assert select(cands, "logprob", 2.0, rule)[0] == 0 and select(cands, "logprob", 0.0, rule)[0] == 1
 
 
 def test_the_rule_is_a_setting_with_a_one_line_error():
-    assert DeliberateConfig().clean_first == "loop_or_length"
+    assert DeliberateConfig().clean_first == "loop"
     with pytest.raises(Exception, match="clean_first"):
         DeliberateConfig(clean_first="sometimes")
 

@@ -96,6 +96,7 @@ NEW_MODEL_DELIBERATE = {
     "budget": 6.0,
     "selector": "continuation_margin",
     "margin": 0.1,
+    "clean_first": "loop",
 }
 ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
 

@@ -55,8 +55,9 @@ class DeliberateConfig(Settings):
     margin: float = 0.0
     # Which answers are degenerate and lose to any that ended cleanly, whatever
     # their score: "loop" (a back-to-back repeat of LOOP_ALERT tokens or more),
-    # "loop_or_length" (also one cut off by the length limit), "off".
-    clean_first: str = "loop_or_length"
+    # "loop_or_length" (also one cut off by the length limit, which at short
+    # budgets is often a right answer still explaining itself), "off".
+    clean_first: str = "loop"
 
     def __post_init__(self):
         validate(self, RULES)

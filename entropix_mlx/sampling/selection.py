@@ -29,7 +29,7 @@ class Candidate:
     branched_at: list[int] = field(default_factory=list)  # positions where this row spawned branches
     loop: int = 0  # tokens in its longest back-to-back repeat (repetition.longest_loop)
 
-    def flaw(self, rule: str = "loop_or_length") -> str | None:
+    def flaw(self, rule: str = "loop") -> str | None:
         """Why this answer is degenerate under `rule` ("off", "loop",
         "loop_or_length"), or None: a loop of LOOP_ALERT tokens or more, or
         (with "loop_or_length") no ending of its own before the length limit."""
@@ -151,7 +151,7 @@ def _add(a, b):
 
 
 def select(
-    candidates: list[Candidate], selector: str, margin: float = 0.0, clean_first: str = "loop_or_length"
+    candidates: list[Candidate], selector: str, margin: float = 0.0, clean_first: str = "loop"
 ) -> tuple[int, str, dict]:
     """(index of the chosen candidate, why, the answers' scores). The greedy
     answer (candidates[0]) stays unless another answer scores more than
