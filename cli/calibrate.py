@@ -11,8 +11,8 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, run_on_root, world
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import load, resolve
-from entropix_mlx.sampling.cards import card_path
+from entropix_mlx.model.loading import load, model_identity, resolve
+from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
 
 from .options import ModelOpt, WeightsOpt
 from .run import warm_up_compiler
@@ -25,7 +25,12 @@ from .signals import exit_code
 def calibrate(
     model: ModelOpt = None,
     out: Annotated[
-        Path | None, typer.Option("--out", dir_okay=False, help="Card to write (default: models/<name>.toml).")
+        Path | None,
+        typer.Option(
+            "--out",
+            dir_okay=False,
+            help="Card to write (default: the shipped models/<name>.toml, else the model's user card).",
+        ),
     ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens generated per prompt.")] = 24,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Random seed of the sampled answers.")] = 0,
@@ -68,32 +73,48 @@ def calibrate(
     if (keep_thresholds or only is not None) and not tune:
         raise ConfigError("--keep-thresholds and --only apply with --tune only; add --tune or leave them out")
     candidates = tune_candidates(only)
-    card = out or card_path(resolve(model).name)
+    if out is None and shipped_card(resolve(model).name).is_file():
+        out = shipped_card(resolve(model).name)
     w = world()  # under mlx.launch: each rank measures a share of the prompts; rank 0 writes and prints
-    run_on_root(w, lambda: check_writable(card))  # before minutes of work, not after
-    if keep_thresholds:
-        run_on_root(w, lambda: check_card_exists(card))
+    if out is not None:
+        run_on_root(w, lambda: check_writable(out))  # before minutes of work, not after
     check_same_model(w, resolve(model).path)
     llm, tokenizer, source = load(model, return_source=True, weights=weights)
     warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
+    identity = None
+    if out is None:  # a model without a shipped card: its user card
+        identity = model_identity(source)
+        folder, why = checked_user_cards_dir()
+        if why:
+            raise ConfigError(f"cannot write the user card: {why}; choose a place with --out")
+        out = folder / user_card_name(source.name, identity)
     if keep_thresholds:
-        return tune_card(llm, tokenizer, source.name, card, limit, candidates, w.root)
+        run_on_root(w, lambda: check_card_exists(out))
+        return tune_card(llm, tokenizer, source.name, out, limit, candidates, w.root)
 
     def progress(i, n):
-        print(f"\rprompt {i + 1}/{n}", end="", file=sys.stderr, flush=True)
+        print(f"\ranswers {i}/{n}", end="", file=sys.stderr, flush=True)
 
     try:
         path, found, samples = run_calibration(
-            llm, tokenizer, source.name, out, PROMPTS, max_tokens, seed, progress=progress if w.root else None
+            llm,
+            tokenizer,
+            source.name,
+            out,
+            PROMPTS,
+            max_tokens,
+            seed,
+            progress=progress if w.root else None,
+            identity=identity,
         )
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the card is written to a temporary
         # file and renamed, so it is either the old one or the new one, whole
-        print(f"\ninterrupted: {out or card_path(source.name)} was not changed", file=sys.stderr)
+        print(f"\ninterrupted: {out} was not changed", file=sys.stderr)
         raise typer.Exit(exit_code(interrupt)) from None
     except OSError as e:  # e.g. the disk filled up while writing
         print(file=sys.stderr)
         raise ConfigError(
-            f"cannot write the card {out or card_path(source.name)}: {e.strerror or e}; "
+            f"cannot write the card {out}: {e.strerror or e}; "
             "the old card is unchanged; free space or choose another place with --out"
         ) from None
     if w.root:

@@ -97,7 +97,7 @@ class ChatSession:
     def show_sampler(self):
         self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model, self.verbose))
         if self.color:
-            self.out.print(render.legend(sampler_strategies(self.sampler)))
+            self.out.print(render.legend(sampler_strategies(self.sampler, self.conversation.model.args.vocab_size)))
 
     # -- the loop -------------------------------------------------------------
 

@@ -1,6 +1,9 @@
 """How `--sampler deliberate` shows its work in the terminal: one line per
-candidate as it finishes (where it split off, its length, the start of its
-text), on stderr, before the chosen answer is printed in colour."""
+candidate as it finishes (its number, where it split off, its length, the start
+of its text), on stderr, before the chosen answer is printed in colour. A
+branch's number is the one the summary and --json give it (its place in
+`Deliberation.candidates`: the greedy answer is 0, branches by row), not the
+order in which candidates happened to finish."""
 
 from rich.text import Text
 
@@ -28,9 +31,11 @@ def deliberation_progress(console, tokenizer, color: bool):
             line.append("greedy", style=strategy_color("argmax") if color else "")
         else:
             first = tokenizer.decode(result.tokens[result.split : result.split + 1])
-            line.append(f"branch at token {result.split}", style=strategy_color("branch") if color else "")
-            line.append(f" ({first!r} instead)", style=render.META_STYLE)
-        line.append(f" · {own} tokens · {_snippet(tokenizer.decode(result.tokens))!r}", style=render.META_STYLE)
+            # One request per deliberation here: its rows are numbered 0 (greedy), 1, 2, ...
+            line.append(f"branch {result.row}", style=strategy_color("branch") if color else "")
+            line.append(f" at token {result.split} ({first!r} instead)", style=render.META_STYLE)
+        ending = "" if result.finish_reason == "eos" else f" (stopped: {result.finish_reason})"
+        line.append(f" · {own} tokens{ending} · {_snippet(tokenizer.decode(result.tokens))!r}", style=render.META_STYLE)
         console.print(line)
 
     return show

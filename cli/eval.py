@@ -180,7 +180,7 @@ def eval_command(
         resolve_config(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
-    llm, tokenizer, source = load_model(model, weights)
+    llm, tokenizer, source = load_model(model, weights, card=bool({"entropix", "deliberate"} & set(names)))
 
     def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
         return make_sampler(

@@ -27,9 +27,10 @@ from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
 from entropix_mlx.sampling.penalties import make_penalties
-from entropix_mlx.sampling.strategies import sampler_strategies
+from entropix_mlx.sampling.strategies import deterministic, sampler_strategies
 
 from . import render
+from .cards import ensure_model_card
 from .deliberation import deliberation_progress
 from .options import (
     DEFAULT_MAX_TOKENS,
@@ -57,12 +58,14 @@ from .signals import deferred, exit_code
 
 # Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
 _MODELS: dict[tuple[str, str], tuple] = {}
+_CARDS: set[tuple[str, str]] = set()  # the models whose card was found or measured in this process
 
 
-def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = False):
+def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True):
     """(model, tokenizer, source), loaded once per process. With `tensor_parallel`,
     under a launcher with several ranks, each rank holds its share of the layers
-    (`model.sharding`) and all of them must have rank 0's model files."""
+    (`model.sharding`) and all of them must have rank 0's model files. With `card`,
+    a model without a card gets one measured now (cli/cards.py), once per process."""
     w = world() if tensor_parallel else None
     key = (str(resolve(ref).path), weights) + (("sharded",) if w is not None and w.size > 1 else ())
     if key not in _MODELS:
@@ -72,6 +75,9 @@ def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = F
         if len(key) > 2:
             shard(_MODELS[key][0], w.group)
         warm_up_compiler()
+    if card and key not in _CARDS:
+        ensure_model_card(*_MODELS[key])
+        _CARDS.add(key)
     return _MODELS[key]
 
 
@@ -134,7 +140,7 @@ def header(source, sampler, seed: int, model=None, verbose: bool = False) -> str
     config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
-    parts.append(f"seed {seed}")
+    parts.append("deterministic (the seed changes nothing)" if deterministic(sampler) else f"seed {seed}")
     return " · ".join(parts)
 
 
@@ -224,7 +230,9 @@ def run(
             "give a file name in an existing folder"
         )
     text = read_prompt(prompt)
-    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)  # under mlx.launch: sharded
+    llm, tokenizer, source = load_model(
+        model, weights, tensor_parallel=True, card=sampler in ("entropix", "deliberate")
+    )  # under mlx.launch: sharded
     w = world()
     quiet_unless_root(w)
     chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
@@ -276,7 +284,7 @@ def run(
             if not json_lines:
                 err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
                 if color:
-                    err.print(render.legend(sampler_strategies(chooser)))
+                    err.print(render.legend(sampler_strategies(chooser, llm.args.vocab_size)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                     generation.on_row = deliberation_progress(err, tokenizer, color)
             for event in generation:

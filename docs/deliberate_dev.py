@@ -78,7 +78,7 @@ def candidates_of(item, k, gated):
                 continue
         elif c["split"] is not None and not gated:
             continue
-        fields = {key: c[key] for key in Candidate.__dataclass_fields__}
+        fields = {key: c[key] for key in Candidate.__dataclass_fields__ if key in c}
         out.append((Candidate(**fields), c["correct"]))
     return out
 

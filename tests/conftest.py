@@ -108,6 +108,20 @@ def tiny_tokenizer():
     return make_tiny_tokenizer()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cards(tmp_path_factory):
+    """User cards (measured on a model's first use) go to a folder of this test
+    session, never to the user's cache; CLI subprocesses inherit it."""
+    import os
+
+    from entropix_mlx.sampling.cards import CARDS_DIR_ENV
+
+    folder = tmp_path_factory.mktemp("cards")
+    folder.chmod(0o700)
+    os.environ[CARDS_DIR_ENV] = str(folder)
+    return folder
+
+
 REAL_MODEL_FIXTURES = {"smollm", "smollm_native", "smollm_float32"}
 
 

@@ -193,6 +193,7 @@ def test_tuned_card_text_sets_sampler_fields_and_replaces_tuning():
 @pytest.mark.slow
 def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_path, monkeypatch, tiny_tokenizer):
     path = tmp_path / "tiny.toml"
+    path.write_text('[sampler]\nthinking_text = " ..."\n')  # an existing card: recalibrated, not new-model defaults
     cal.calibrate(None, None, "tiny", out=path, samples=synthetic_samples())
     path.write_text(path.read_text() + "\n[deliberate]\nwidth = 4\n")
     monkeypatch.setattr(cal, "PROMPTS", ("Write a poem.", "Hi"))

@@ -219,6 +219,7 @@ def test_thinking_text_of_several_tokens_end_to_end(tiny_ref, tmp_path):
         "[sampler]\nlow_entropy = 0.0\nlow_varentropy = 0.0\nmedium_entropy = 0.0\n"
         "high_entropy = 0.0\nhigh_varentropy = 0.0\nthink_varentropy = 1e6\n"
         'thinking_text = " Let me think..."\nmax_thinking_insertions = 2\n'
+        'strategies = ["argmax", "think", "branch", "resample", "adaptive"]\nargmax_margin = 0.0\n'  # over a card that has think off
     )
     code, out, err = invoke("run", "-m", tiny_ref, "--json", "--raw", "--config", config, "--max-tokens", "40", "hi")
     assert code == 0, err

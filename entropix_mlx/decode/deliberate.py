@@ -85,7 +85,7 @@ def deliberate_batch(
             continue
         results = sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row))
         candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
-        chosen, reason, scores = select(candidates, config.selector, config.margin)
+        chosen, reason, scores = select(candidates, config.selector, config.margin, config.clean_first)
         yield index, Deliberation(candidates, chosen, reason, scores), seconds.pop(index)
 
 
@@ -141,6 +141,10 @@ def eval_rows(
                         "continuation_logprob",
                         "continuation_margin",
                         "own_tokens",
+                        "finish_reason",
+                        "loop",
+                        "logprobs",
+                        "margins",
                         "text",
                     )
                 }

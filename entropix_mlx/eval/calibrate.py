@@ -15,14 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..decode.generate import generate
+from ..decode.engine import generate_batch
+from ..decode.rows import Request
 from ..distributed import all_gather_json, world
+from ..errors import ConfigError
 from ..files import write_atomic
 from ..sampling.cards import card_path
 from ..sampling.config import SamplerConfig
 from ..sampling.metrics import METRIC_NAMES
 from ..sampling.samplers import TemperatureSampler
 from ..sampling.settings import read_toml
+from ..sampling.strategies import max_entropy
 
 # Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
 # writing, advice, definitions, translation, open questions, chit-chat.
@@ -65,30 +68,110 @@ QUANTILES = {
 
 REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
+# A model without a card of its own starts from what won on the bundled model's
+# dev split (models/smollm2-135m.toml, [tuning] and [deliberate]): the strategy
+# settings as they are, and the thresholds those settings moved as rules on
+# this model's own measurements: the branch state takes every high-varentropy
+# step (high_varentropy at low_varentropy's quantile, high_entropy at the
+# vocabulary's maximum, so resample never fires) and think never fires.
+NEW_MODEL_SAMPLER = {
+    "think_varentropy": 0.0,
+    "strategies": ["argmax", "branch", "adaptive"],
+    "argmax_margin": 1.0,
+    "repetition_penalty": 2.0,
+    "repetition_ngram": 3,
+    "adaptive_samples": 5,
+    "adaptive_max_temperature": 1.5,
+    "branch_candidates": 3,
+    "branch_rollout_tokens": 16,
+    "branch_select": "confidence",
+    "branch_keep_margin": 0.1,
+    "branch_rollout": "scored",
+    "branch_decide_tokens": 2,
+}
+NEW_MODEL_DELIBERATE = {
+    "first_alternatives": 2,
+    "alternatives": 1,
+    "max_branch_points": 0,
+    "max_branches": 5,
+    "budget": 6.0,
+    "selector": "continuation_margin",
+    "margin": 0.1,
+    "clean_first": "loop",
+}
+ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
+
+
+def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
+    """(fields with every entropy threshold at most max_entropy(vocabulary), the
+    original values of those clipped). A threshold above the maximum can never
+    be crossed, so clipping it changes no decision."""
+    top = max_entropy(vocabulary)
+    clipped = {k: fields[k] for k in ENTROPY_THRESHOLDS if k in fields and fields[k] > top}
+    return {**fields, **dict.fromkeys(clipped, top)}, clipped
+
+
+def new_model_fields(found: dict, vocabulary: int | None) -> dict:
+    """[sampler] for a model without a card: measured thresholds, the rules and
+    settings of NEW_MODEL_SAMPLER."""
+    return {
+        **found,
+        "high_varentropy": found["low_varentropy"],
+        "high_entropy": max_entropy(vocabulary) if vocabulary else found["high_entropy"],
+        "thinking_text": SamplerConfig().thinking_text,
+        **NEW_MODEL_SAMPLER,
+    }
+
+
+def deliberate_table(found: dict) -> str:
+    """[deliberate] for a model without a card: NEW_MODEL_DELIBERATE, with the
+    gate (used only if max_branch_points is raised) at this model's uncertain steps."""
+    fields = {"branch_entropy": found["medium_entropy"], "branch_varentropy": found["high_varentropy"]}
+    lines = [
+        "# The `deliberate` sampler: the settings that won on the bundled model's dev split",
+        "# (docs/deliberate.md); the gate's thresholds are this model's medium entropy and high varentropy.",
+        "[deliberate]",
+    ]
+    return "\n".join(lines + [f"{k} = {toml_value(v)}" for k, v in {**NEW_MODEL_DELIBERATE, **fields}.items()])
+
 
 def collect(
     model, tokenizer, prompts=PROMPTS, max_tokens: int = 24, seed: int = 0, attention_layers="all", progress=None
 ) -> dict[str, np.ndarray]:
-    """Every step's six metrics over short sampled answers to `prompts`;
-    `progress(i, n)` is called before each prompt."""
+    """Every step's six metrics over short sampled answers to `prompts`, all
+    answered at once by the batch engine (a model's first use waits for this);
+    `progress(done, n)` at the start and as each answer finishes."""
 
     base = SamplerConfig()
-    sampler = TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p)
     if attention_layers != "all":
         raise NotImplementedError("calibration records the default layer choice ('all')")
     w = world()  # under a launcher each rank measures every size-th prompt
-    mine = []
+    requests, prompt_of = [], []
     for i, prompt in enumerate(prompts):
         if i % w.size != w.rank:
             continue
-        if progress:
-            progress(i, len(prompts))
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        events = generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed + i)
-        mine.append((i, [[float(event.metrics[n]) for n in METRIC_NAMES] for event in events]))
-    by_prompt = sorted(p for part in all_gather_json(w, mine) for p in part)
-    rows = [row for _, steps in by_prompt for row in steps]
-    data = np.array(rows, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
+        room = model.args.max_position_embeddings - len(ids)  # a small context measures what fits
+        if room >= 1:
+            requests.append(Request(ids, seed + i, min(max_tokens, room)))
+            prompt_of.append(i)
+    if progress:
+        progress(0, len(requests))
+    answers = []
+    rows = generate_batch(
+        model,
+        tokenizer,
+        requests,
+        lambda: TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p),
+        batch_size=max(1, len(requests)),
+    )
+    for done, (index, result, _) in enumerate(rows, start=1):
+        answers.append((prompt_of[index], [[float(m[n]) for n in METRIC_NAMES] for m in result.metrics]))
+        if progress:
+            progress(done, len(requests))
+    by_prompt = sorted(a for part in all_gather_json(w, answers) for a in part)
+    steps = [step for _, answer in by_prompt for step in answer]
+    data = np.array(steps, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
     return {name: data[:, j] for j, name in enumerate(METRIC_NAMES)}
 
 
@@ -158,11 +241,15 @@ def card_text(
     n_prompts: int,
     max_tokens: int,
     extra: str = "",
+    vocabulary: int | None = None,
+    clipped: dict | None = None,
+    identity: str | None = None,
 ) -> str:
     lines = [
         f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
         "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
         f"name = {toml_value(model_name)}",
+        *([f"identity = {toml_value(identity)}  # the model this card was measured on"] if identity else []),
         "",
         "[sampler]",
         *(f"{k} = {toml_value(v)}" for k, v in sampler_fields.items()),
@@ -176,6 +263,17 @@ def card_text(
         "thresholds_at = { "
         + ", ".join(f'{k} = "{m} q{q:g}"' for k, (m, q) in QUANTILES.items())
         + " }  # think_varentropy: among steps with entropy > medium_entropy",
+    ]
+    if vocabulary:
+        lines.append(f"vocabulary = {vocabulary}  # tokens: entropy is at most {max_entropy(vocabulary)} bits")
+    if clipped:
+        lines.append(
+            "clipped = "
+            + "{ "
+            + ", ".join(f"{k} = {toml_value(v)}" for k, v in clipped.items())
+            + " }  # set above the largest entropy, lowered to it (no decision changes)"
+        )
+    lines += [
         "",
         "# The measured distribution of each metric, at the quantiles above.",
         "[calibration.metrics]",
@@ -205,24 +303,34 @@ def calibrate(
     seed: int = 0,
     samples: dict | None = None,
     progress=None,
+    identity: str | None = None,
 ) -> tuple[Path, dict, dict]:
     """Measure, derive thresholds, write the card; returns (path, thresholds, samples).
 
     Settings already in an existing card other than the thresholds (e.g. its
     thinking_text, tuned strategy parameters) are kept, and so are its other
-    tables ([tuning], [deliberate], ...)."""
+    tables ([tuning], [deliberate], ...). A new card starts from the new-model
+    settings (NEW_MODEL_SAMPLER, NEW_MODEL_DELIBERATE). Entropy thresholds
+    are clipped to the vocabulary's maximum, and the card says so."""
 
     path = Path(out) if out else card_path(model_name)
     if samples is None:
         samples = collect(model, tokenizer, prompts, max_tokens, seed, progress=progress)
     found = thresholds(samples)
-    kept, extra = {}, ""
-    if path.is_file():
-        old = read_toml(path).get("sampler", {})
+    vocabulary = getattr(getattr(model, "args", None), "vocab_size", None)  # None: measured elsewhere
+    try:
+        old_text = path.read_text() if path.is_file() else None
+        old = read_toml(path).get("sampler", {}) if old_text is not None else None
+    except (OSError, UnicodeDecodeError, ConfigError):  # a corrupt card is replaced whole
+        old_text = old = None
+    if old is not None:
         kept = {k: v for k, v in old.items() if k not in found}
-        extra = other_tables(path.read_text())
-    fields = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}
+        fields, extra = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}, other_tables(old_text)
+    else:
+        fields, extra = new_model_fields(found, vocabulary), deliberate_table(found)
+    fields, clipped = clip_to_vocabulary(fields, vocabulary) if vocabulary else (fields, {})
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
     if world().root:  # the card lives on rank 0's machine
-        write_card(path, card_text(model_name, samples, fields, len(prompts), max_tokens, extra))
+        text = card_text(model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity)
+        write_card(path, text)
     return path, found, samples

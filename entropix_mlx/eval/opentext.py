@@ -44,11 +44,11 @@ import mlx.core as mx
 from ..decode.engine import generate_batch
 from ..decode.prompt import encode_chat
 from ..errors import ConfigError
+from ..sampling.repetition import LOOP_ALERT, longest_loop
 from .runner import EvalConfig, machine_description
 from .stats import paired_comparison
 from .store import default_sampler_factory, run_items, settings_by_sampler
 
-LOOP_ALERT = 12  # tokens: a back-to-back loop this long is a visible failure
 EARLY_TOKENS = 16  # an answer that ends before this many tokens ended too early for open text
 DEFAULT_OPEN_TOKENS = 64
 
@@ -74,26 +74,6 @@ def distinct_n(tokens: list[int], n: int = 2) -> float | None:
     """Distinct n-grams / n-grams; None when it has no n-gram."""
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else None
-
-
-def longest_loop(tokens: list[int]) -> int:
-    """Length in tokens of the longest span that is one unit repeated back to back
-    (at least two whole copies); 0 when there is none.
-
-    For each period p, a run of R consecutive positions m with tokens[m] ==
-    tokens[m + p] is a stretch of R + p tokens with period p; it holds
-    (R + p) // p whole copies of its first p tokens, and at least two when R >= p."""
-    best = 0
-    for p in range(1, len(tokens) // 2 + 1):
-        run = 0
-        for m in range(len(tokens) - p):
-            if tokens[m] == tokens[m + p]:
-                run += 1
-                if run >= p:
-                    best = max(best, (run + p) // p * p)
-            else:
-                run = 0
-    return best
 
 
 def text_metrics(

@@ -1,6 +1,8 @@
 """`load(ref)`: the bundled model, a GGUF file, an HF/mlx-community directory or
 a Hugging Face repo id, into this project's port of its family and an mlx-lm tokenizer."""
 
+import dataclasses
+import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -95,10 +97,39 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
         model, tokenizer = load_gguf(source.path)
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
+        source = dataclasses.replace(source, path=path)  # a hub model: its snapshot, which names the revision
         model, tokenizer = load_directory(path)
     if choose_weights(weights, model) == "float32":
         to_float32(model)
     return (model, tokenizer, source) if return_source else (model, tokenizer)
+
+
+IDENTITY_SAMPLE = 8 << 20  # bytes read from each end of a weights file
+
+
+def model_identity(source: ModelSource) -> str:
+    """What tells this model from any other, for its user card: a Hugging Face
+    model's repo and revision (its snapshot folder's name); for a file or a
+    directory, a hash of each model file's name, size and first and last 8 MiB
+    (a whole multi-GB file would take seconds at every start, and any other
+    weights or tokenizer differ there)."""
+    if source.kind == "hub" and source.path.parent.name == "snapshots":
+        return f"hf:{source.ref}@{source.path.name}"
+    path = source.path
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".model"))
+    key = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        key.update(f"\0{f.name}\0{size}\0".encode())
+        with open(f, "rb") as data:
+            key.update(data.read(IDENTITY_SAMPLE))
+            if size > 2 * IDENTITY_SAMPLE:
+                data.seek(size - IDENTITY_SAMPLE)
+            key.update(data.read())
+    return f"sha256:{key.hexdigest()}"
 
 
 def build_model(config: dict, weights: dict, model_class=None, args_class=None, rope_freqs: mx.array | None = None):

@@ -1,8 +1,23 @@
 """Model cards: per-model settings (calibrated sampler thresholds, thinking text)
-kept as TOML files in the repository's top-level `models/` folder."""
+kept as TOML files. A model the project knows has its card in the repository's
+top-level `models/` folder; any other model gets a user card, measured on its
+first use (eval/usercard.py) and kept in the user's cache folder, named after
+the model's identity so that another model never reads it."""
 
+import hashlib
 import importlib.resources
+import os
+import re
+import sys
 from pathlib import Path
+
+from ..accel.build import owned_by_user
+
+CARDS_DIR_ENV = "ENTROPIX_CARDS_DIR"  # another folder for user cards (tests, a shared setup)
+
+# The user card each model name resolves to in this process, once its identity
+# was checked (usercard.ensure_card): card_path() reads it when no shipped card exists.
+_IN_USE: dict[str, Path] = {}
 
 
 def cards_dir() -> Path:
@@ -14,5 +29,51 @@ def cards_dir() -> Path:
         return Path(__file__).resolve().parents[2] / "models"
 
 
-def card_path(model_name: str) -> Path:
+def shipped_card(model_name: str) -> Path:
     return cards_dir() / f"{model_name}.toml"
+
+
+def card_path(model_name: str) -> Path:
+    """The card that settings are read from: the shipped one, else the user card
+    chosen for this model in this process (`use_card`), else where a shipped
+    one would be (it does not exist)."""
+    shipped = shipped_card(model_name)
+    return shipped if shipped.is_file() else _IN_USE.get(model_name, shipped)
+
+
+def use_card(model_name: str, path: Path) -> None:
+    _IN_USE[model_name] = Path(path)
+
+
+def user_cards_dir() -> Path:
+    """$ENTROPIX_CARDS_DIR, else the platform's user cache: $XDG_CACHE_HOME (an
+    absolute path), else ~/Library/Caches on macOS and ~/.cache elsewhere; then
+    entropix-mlx/cards."""
+    given = os.environ.get(CARDS_DIR_ENV, "")
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG rule: a relative path is ignored
+        base = Path.home() / ("Library/Caches" if sys.platform == "darwin" else ".cache")
+    return Path(base) / "entropix-mlx" / "cards"
+
+
+def checked_user_cards_dir() -> tuple[Path, str]:
+    """(the user cards folder, "") when it exists or was created (0700, each
+    missing level) and is this user's own, writable by no one else; else
+    (folder, why not). A card sets what the sampler does, so one that others
+    could write is never read."""
+    folder = user_cards_dir()
+    try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir(mode=0o700)
+    except OSError as e:
+        return folder, f"cannot create {folder}: {e.strerror or e}"
+    return folder, owned_by_user(folder, folder=True)
+
+
+def user_card_name(model_name: str, identity: str) -> str:
+    """The file name of a model's user card: its name, made safe, and a hash of its identity."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-.") or "model"
+    return f"{slug[:60]}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.toml"

@@ -23,6 +23,8 @@ SELECTORS = (
     "continuation_margin",
 )
 
+CLEAN_RULES = ("off", "loop", "loop_or_length")
+
 
 @dataclass(frozen=True)
 class DeliberateConfig(Settings):
@@ -51,6 +53,11 @@ class DeliberateConfig(Settings):
     # another answer must beat the greedy answer's score to replace it.
     selector: str = "margin"
     margin: float = 0.0
+    # Which answers are degenerate and lose to any that ended cleanly, whatever
+    # their score: "loop" (a back-to-back repeat of LOOP_ALERT tokens or more),
+    # "loop_or_length" (also one cut off by the length limit, which at short
+    # budgets is often a right answer still explaining itself), "off".
+    clean_first: str = "loop"
 
     def __post_init__(self):
         validate(self, RULES)
@@ -73,6 +80,7 @@ RULES = {
     "budget": at_least(1, "the greedy answer alone is 1"),
     "selector": rule(lambda v: v in SELECTORS, f"choose one of: {', '.join(SELECTORS)}"),
     "margin": at_least(0),
+    "clean_first": rule(lambda v: v in CLEAN_RULES, f"choose one of: {', '.join(CLEAN_RULES)}"),
 }
 
 

@@ -1,5 +1,6 @@
 """Repetition units: how often the n-gram a token would complete already occurred in
-the answer, the measure Entropix's scores penalise."""
+the answer, the measure Entropix's scores penalise; and loops, the back-to-back
+repeats by which a finished answer is judged degenerate (open-text quality, deliberate)."""
 
 from collections import Counter
 
@@ -34,6 +35,29 @@ def repeat_counts(history: list[int], n: int) -> Counter:
     for t, extra in longest.items():
         counts[t] += extra
     return counts
+
+
+LOOP_ALERT = 12  # tokens: a back-to-back loop this long is a visible failure
+
+
+def longest_loop(tokens: list[int]) -> int:
+    """Length in tokens of the longest span that is one unit repeated back to back
+    (at least two whole copies); 0 when there is none.
+
+    For each period p, a run of R consecutive positions m with tokens[m] ==
+    tokens[m + p] is a stretch of R + p tokens with period p; it holds
+    (R + p) // p whole copies of its first p tokens, and at least two when R >= p."""
+    best = 0
+    for p in range(1, len(tokens) // 2 + 1):
+        run = 0
+        for m in range(len(tokens) - p):
+            if tokens[m] == tokens[m + p]:
+                run += 1
+                if run >= p:
+                    best = max(best, (run + p) // p * p)
+            else:
+                run = 0
+    return best
 
 
 def _units_along(history: list[int], path: list[int], n: int):

@@ -5,6 +5,8 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from .repetition import LOOP_ALERT, longest_loop
+
 
 @dataclass
 class Candidate:
@@ -25,6 +27,19 @@ class Candidate:
     continuation_logprob: float = 0.0
     continuation_margin: float = 0.0
     branched_at: list[int] = field(default_factory=list)  # positions where this row spawned branches
+    loop: int = 0  # tokens in its longest back-to-back repeat (repetition.longest_loop)
+
+    def flaw(self, rule: str = "loop") -> str | None:
+        """Why this answer is degenerate under `rule` ("off", "loop",
+        "loop_or_length"), or None: a loop of LOOP_ALERT tokens or more, or
+        (with "loop_or_length") no ending of its own before the length limit."""
+        if rule == "off":
+            return None
+        if self.loop >= LOOP_ALERT:
+            return f"loops ({self.loop} tokens)"
+        if rule == "loop_or_length" and self.finish_reason == "length":
+            return "ran into the length limit"
+        return None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,12 +150,25 @@ def _add(a, b):
     return a + b
 
 
-def select(candidates: list[Candidate], selector: str, margin: float = 0.0) -> tuple[int, str, dict]:
+def select(
+    candidates: list[Candidate], selector: str, margin: float = 0.0, clean_first: str = "loop"
+) -> tuple[int, str, dict]:
     """(index of the chosen candidate, why, the answers' scores). The greedy
     answer (candidates[0]) stays unless another answer scores more than
     `margin` above it; then the best candidate (mean log-probability) giving
-    that answer wins."""
-    scores = answer_scores(candidates, selector)
+    that answer wins.
+
+    A degenerate candidate (`Candidate.flaw` under the rule `clean_first`)
+    loses to any that ended cleanly, whatever its score: only the clean ones
+    compete when there are some, and a degenerate greedy answer keeps no
+    margin, so the best clean answer replaces it."""
+    pool = [i for i, c in enumerate(candidates) if c.flaw(clean_first) is None] or list(range(len(candidates)))
+    scores = answer_scores([candidates[i] for i in pool], selector)
+    if 0 not in pool:
+        best = max(scores, key=lambda a: scores[a]) if scores else None
+        index = max((i for i in pool if candidates[i].answer == best), key=lambda i: (candidates[i].mean_logprob, -i))
+        how = f"{selector} {_fmt(scores[best])} for {best!r}" if scores else "no clean candidate has an answer"
+        return index, f"the greedy answer {candidates[0].flaw(clean_first)}; the best clean one won ({how})", scores
     greedy = candidates[0].answer
     if not scores:
         return 0, "no candidate has an answer: kept the greedy one", scores
@@ -148,7 +176,7 @@ def select(candidates: list[Candidate], selector: str, margin: float = 0.0) -> t
     base = scores.get(greedy, -math.inf)
     if best == greedy or scores[best] - base <= margin:
         return 0, f"greedy answer kept ({selector} {_fmt(base)}; best other within {margin:g})", scores
-    index = max((i for i, c in enumerate(candidates) if c.answer == best), key=lambda i: candidates[i].mean_logprob)
+    index = max((i for i in pool if candidates[i].answer == best), key=lambda i: candidates[i].mean_logprob)
     return (
         index,
         (
@@ -188,4 +216,5 @@ def candidate_from(result, tokenizer, answer_of) -> Candidate:
         continuation_logprob=_mean(logprobs[rest]),
         continuation_margin=_mean(margins[rest]),
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
+        loop=longest_loop(result.tokens),
     )

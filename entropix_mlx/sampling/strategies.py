@@ -9,6 +9,8 @@ share a legend stay apart also for protanopes, deuteranopes and tritanopes
 (tests/test_colours.py); the theme's green and yellow, once argmax's and
 branch's, nearly merge for the first two."""
 
+import math
+
 # The stable strategy names of the samplers (entropix: the first five; baselines: argmax, sample).
 STRATEGY_COLORS = {
     "argmax": "default",
@@ -38,15 +40,44 @@ def strategy_color(strategy: str) -> str:
     return STRATEGY_COLORS[strategy]
 
 
-def legend_strategies(name: str, config=None) -> list[str]:
+def max_entropy(vocabulary: int) -> float:
+    """The largest entropy (bits) a distribution over `vocabulary` tokens can
+    have, log2 of it, rounded down to a card's 4 decimals."""
+    return math.floor(math.log2(vocabulary) * 1e4) / 1e4
+
+
+def unreachable(config, vocabulary: int | None = None) -> set[str]:
+    """Entropix strategies that `config`'s thresholds leave no step to (see
+    entropix.decide): think below a varentropy of 0 or less (none is negative);
+    resample, which takes the high-varentropy steps that branch leaves, those at
+    or above high_entropy, when that is the most a `vocabulary` allows."""
+    out = set()
+    if config.think_varentropy <= 0:
+        out.add("think")
+    if "branch" in config.strategies and vocabulary and config.high_entropy >= max_entropy(vocabulary):
+        out.add("resample")
+    return out
+
+
+def legend_strategies(name: str, config=None, vocabulary: int | None = None) -> list[str]:
     """The strategies sampler `name` can choose: an Entropix config may switch some
-    off (adaptive, the fallback, always stays)."""
+    off, or leave them no step (`unreachable`; adaptive, the fallback, always stays)."""
     enabled = getattr(config, "strategies", None)
     if name == "entropix" and enabled:
-        return [s for s in SAMPLER_STRATEGIES["entropix"] if s in enabled or s == "adaptive"]
+        never = unreachable(config, vocabulary)
+        return [s for s in SAMPLER_STRATEGIES["entropix"] if (s in enabled and s not in never) or s == "adaptive"]
     return list(SAMPLER_STRATEGIES.get(name, []))
 
 
-def sampler_strategies(sampler) -> list[str]:
+def sampler_strategies(sampler, vocabulary: int | None = None) -> list[str]:
     """The strategies this sampler instance can choose (its own config decides)."""
-    return legend_strategies(sampler.name, getattr(sampler, "config", None))
+    return legend_strategies(sampler.name, getattr(sampler, "config", None), vocabulary)
+
+
+def deterministic(sampler) -> bool:
+    """Whether the sampler's answer is the same for every seed: greedy and
+    deliberate never sample, nor does a baseline at temperature 0. Entropix
+    always may: its fallback, adaptive, draws candidates."""
+    if sampler.name in ("greedy", "deliberate"):
+        return True
+    return getattr(sampler, "params", {}).get("temperature") == 0

@@ -261,7 +261,7 @@ class Server:
                 "model": self.engine.name,
                 "context": self.engine.context,
                 "samplers": list(SAMPLER_NAMES),
-                **page_info(SAMPLER_NAMES, cfg),
+                **page_info(SAMPLER_NAMES, cfg, getattr(getattr(self.engine.model, "args", None), "vocab_size", None)),
                 "thresholds": {k: getattr(cfg, k) for k in THRESHOLDS},
                 "thresholds_from": source,
             }

@@ -35,16 +35,16 @@ def css_color(style: str) -> str:
     return THEME_COLORS[colors[0]] if colors and colors[0] != "default" else THEME_FOREGROUND
 
 
-def page_info(sampler_names, entropix_config=None) -> dict:
+def page_info(sampler_names, entropix_config=None, vocabulary: int | None = None) -> dict:
     """Colours (and decorations) of every known strategy, a few spares for
     strategies a future sampler adds, and each sampler's legend (Entropix's: the
-    strategies the served card leaves on, as in the terminal)."""
+    strategies the served card leaves on and gives steps to, as in the terminal)."""
     styles = {name: strategy_color(name) for name in list(STRATEGY_COLORS)}
     decorations = {name: [d for d in DECORATIONS if d in s.split()] for name, s in styles.items()}
     return {
         "colors": {name: css_color(s) for name, s in styles.items()},
         "decorations": {name: d for name, d in decorations.items() if d},
         "spare_colors": [css_color(c) for c in SPARE_COLORS],
-        "legends": {name: legend_strategies(name, entropix_config) for name in sampler_names},
+        "legends": {name: legend_strategies(name, entropix_config, vocabulary) for name in sampler_names},
         "background": THEME_BACKGROUND,
     }

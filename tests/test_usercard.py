@@ -1,0 +1,147 @@
+"""Self-calibration: a model without a card gets one measured on its first use, in
+the user's cache folder, named after the model's identity; it is reused, never
+by another model, a corrupt one is measured again, and the vocabulary bounds
+every entropy threshold."""
+
+import math
+import stat
+import tomllib
+
+import pytest
+from conftest import make_tiny_model, make_tiny_tokenizer
+from entropix_mlx.cli import run as run_cmd
+from test_cli_run import invoke
+
+from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.eval import calibrate as cal
+from entropix_mlx.eval import usercard
+from entropix_mlx.model.loading import ModelSource, model_identity
+from entropix_mlx.sampling import cards
+from entropix_mlx.sampling.deliberate_config import resolve_deliberate
+
+
+@pytest.fixture
+def cards_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache" / "entropix-mlx" / "cards"
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(folder))
+    monkeypatch.setattr(cards, "_IN_USE", {})
+    monkeypatch.setattr(usercard, "PROMPTS", cal.PROMPTS[:3])  # milliseconds, not seconds, per card
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny_model(), make_tiny_tokenizer()
+
+
+def source_for(tmp_path, content: bytes, name="tiny") -> ModelSource:
+    path = tmp_path / f"{name}-{content.hex()}.gguf"
+    path.write_bytes(content)
+    return ModelSource(str(path), path, "gguf", name)
+
+
+def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, cards_dir):
+    model, tokenizer = tiny
+    source = source_for(tmp_path, b"weights one")
+    seen = []
+    status = usercard.ensure_card(model, tokenizer, source, progress=lambda i, n: seen.append((i, n)))
+    assert status.kind == "measured" and status.path.parent == cards_dir and status.path.is_file()
+    assert "has no card: measured one" in status.note and str(status.path) in status.note
+    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert stat.S_IMODE(cards_dir.stat().st_mode) == 0o700
+    data = tomllib.loads(status.path.read_text())
+    assert data["identity"] == model_identity(source) and data["name"] == "tiny"
+    # the new-model defaults: the bundled model's winning settings, and its entropies within the vocabulary
+    assert data["sampler"]["strategies"] == ["argmax", "branch", "adaptive"]
+    assert data["sampler"]["high_varentropy"] == data["sampler"]["low_varentropy"]
+    assert data["sampler"]["high_entropy"] == cal.max_entropy(259) <= math.log2(259)
+    assert data["deliberate"]["selector"] == "continuation_margin" and data["deliberate"]["first_alternatives"] == 2
+    # used from now on, by name, by both samplers
+    sampler = make_sampler("entropix", tokenizer, model_name="tiny")
+    assert status.path.name in sampler.config_source
+    assert sampler.config.strategies == ("argmax", "branch", "adaptive")
+    config, where = resolve_deliberate("tiny")
+    assert config.first_alternatives == 2 and status.path.name in where
+
+
+def test_the_card_is_reused_and_never_by_another_model(tiny, tmp_path, cards_dir, monkeypatch):
+    model, tokenizer = tiny
+    one, two = source_for(tmp_path, b"weights one"), source_for(tmp_path, b"weights two")
+    first = usercard.ensure_card(model, tokenizer, one)
+    calls = []
+    real = usercard.calibrate
+    monkeypatch.setattr(usercard, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = usercard.ensure_card(model, tokenizer, one)
+    assert again.kind == "user" and again.path == first.path and again.note == "" and calls == []
+    other = usercard.ensure_card(model, tokenizer, two)  # same name, other weights
+    assert other.kind == "measured" and other.path != first.path and calls == [1]
+    assert model_identity(one) != model_identity(two)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2] + "\n[[[",  # cut off
+        lambda text: text.replace("low_entropy = ", "low_entropy = -"),  # fails validation
+        lambda text: text.replace('identity = "', 'identity = "x'),  # names another model
+        lambda text: "",
+    ],
+)
+def test_a_corrupt_card_is_measured_again_with_a_warning(tiny, tmp_path, cards_dir, damage):
+    model, tokenizer = tiny
+    source = source_for(tmp_path, b"weights one")
+    path = usercard.ensure_card(model, tokenizer, source).path
+    path.write_text(damage(path.read_text()))
+    warnings = []
+    status = usercard.ensure_card(model, tokenizer, source, warn=warnings.append)
+    assert status.kind == "measured" and status.path == path
+    assert len(warnings) == 1 and "cannot be used" in warnings[0] and "measuring it again" in warnings[0]
+    assert usercard.card_problem(path, model_identity(source)) is None
+
+
+def test_a_shipped_card_is_never_replaced(tiny, tmp_path, cards_dir):
+    model, tokenizer = tiny
+    source = source_for(tmp_path, b"x", name="smollm2-135m")
+    status = usercard.ensure_card(model, tokenizer, source)
+    assert status.kind == "shipped" and not cards_dir.exists()
+
+
+def test_a_folder_others_can_write_is_refused(tiny, tmp_path, cards_dir):
+    model, tokenizer = tiny
+    cards_dir.mkdir(parents=True)
+    cards_dir.chmod(0o777)
+    status = usercard.ensure_card(model, tokenizer, source_for(tmp_path, b"w"))
+    assert status.kind == "none" and "writable by its group or others" in status.note
+
+
+def test_the_cache_folder_follows_xdg_and_the_platform(monkeypatch, tmp_path):
+    monkeypatch.delenv(cards.CARDS_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cards.user_cards_dir() == tmp_path / "entropix-mlx" / "cards"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(cards.sys, "platform", "darwin")
+    assert cards.user_cards_dir() == tmp_path / "Library" / "Caches" / "entropix-mlx" / "cards"
+    monkeypatch.setattr(cards.sys, "platform", "linux")
+    assert cards.user_cards_dir() == tmp_path / ".cache" / "entropix-mlx" / "cards"
+
+
+def test_clipping_keeps_every_entropy_threshold_within_the_vocabulary():
+    fields, clipped = cal.clip_to_vocabulary({"low_entropy": 1.0, "high_entropy": 20.0, "low_varentropy": 99.0}, 49152)
+    assert clipped == {"high_entropy": 20.0} and fields["high_entropy"] == 15.5849 <= math.log2(49152)
+    assert fields["low_entropy"] == 1.0 and fields["low_varentropy"] == 99.0
+
+
+def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_dir, monkeypatch):
+    path = tmp_path / "mine.gguf"
+    path.write_bytes(b"my model")
+    model = (make_tiny_model(), make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "mine"))
+    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), model)
+    monkeypatch.setattr(run_cmd, "_CARDS", set())
+    code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
+    assert code == 0, err
+    assert err.count("has no card: measured one") == 1 and "mine-" in err
+    assert "model card mine-" in err  # the header names the card it uses
+    run_cmd._CARDS.clear()  # as a new process would
+    code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
+    assert code == 0 and "measured" not in err and "model card mine-" in err
