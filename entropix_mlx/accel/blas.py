@@ -130,12 +130,19 @@ def shim_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def thread_stats() -> tuple[int, int]:
-    """(threads a product may use, chunks the shim's workers have computed in this process)."""
+def thread_stats() -> dict:
+    """{"threads": how many threads a product may use, "worker_chunks": the chunks the shim's
+    workers have computed in this process, "solo_products": the products the calling thread ran
+    alone because a worker had lost its core}."""
     if _shim_library is None:
-        return 1, 0
-    _shim_library.entropix_worker_chunks.restype = ctypes.c_long
-    return _shim_library.entropix_threads(), _shim_library.entropix_worker_chunks()
+        return {"threads": 1, "worker_chunks": 0, "solo_products": 0}
+    for name in ("entropix_worker_chunks", "entropix_solo_products"):
+        getattr(_shim_library, name).restype = ctypes.c_long
+    return {
+        "threads": _shim_library.entropix_threads(),
+        "worker_chunks": _shim_library.entropix_worker_chunks(),
+        "solo_products": _shim_library.entropix_solo_products(),
+    }
 
 
 def blas_info() -> dict:

@@ -337,9 +337,21 @@ static void start_workers(void) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* A worker that holds a claimed chunk this long has lost its core (a chunk takes tens of
+   microseconds): the cores are busy with other work. The caller then runs the next products
+   alone for a while, SOLO_NS at first and twice as long after each stall in a row, so that on a
+   machine that stays busy a product seldom waits for a thread the scheduler has put aside. */
+#define STALL_NS 300000L
+#define SOLO_NS 20000000L
+#define MAX_SOLO_NS 640000000L
+static long solo_until, solo_ns = SOLO_NS;
+static long solo_products;
+
 /* fn(job, 0..chunks), over the calling thread and whichever workers are free to help. */
 static void run_chunks(chunk_fn fn, const void *job, int chunks) {
-    if (chunks <= 1 || chunks > MAX_CHUNKS || pool.workers == 0 || atomic_flag_test_and_set(&pool.busy)) {
+    int solo = pool.workers > 0 && solo_until && now_ns() < solo_until;
+    solo_products += solo;
+    if (chunks <= 1 || chunks > MAX_CHUNKS || pool.workers == 0 || solo || atomic_flag_test_and_set(&pool.busy)) {
         for (int i = 0; i < chunks; i++)
             fn(job, i);
         return;
@@ -360,10 +372,24 @@ static void run_chunks(chunk_fn fn, const void *job, int chunks) {
     }
     /* Only chunks a running worker claimed are left: it finishes them within microseconds, unless
        it lost its core, when yielding may hand it the core back. */
+    long waited_from = 0;
     for (int spins = 1; atomic_load(&pool.done) + mine < chunks; spins++) {
         relax();
+        if (spins == 64)
+            waited_from = now_ns();
         if (spins % 256 == 0)
             sched_yield();
+    }
+    if (waited_from) {
+        long now = now_ns();
+        if (now - waited_from > STALL_NS) {
+            solo_until = now + solo_ns;
+            solo_ns = solo_ns * 2 > MAX_SOLO_NS ? MAX_SOLO_NS : solo_ns * 2;
+        } else {
+            solo_ns = SOLO_NS;
+        }
+    } else {
+        solo_ns = SOLO_NS;
     }
     atomic_flag_clear(&pool.busy);
 }
@@ -447,6 +473,13 @@ long entropix_worker_chunks(void) {
     return 0;
 #else
     return pool.started && pool.pid == getpid() ? pool_chunks_by_workers : 0;
+#endif
+}
+long entropix_solo_products(void) {
+#if defined(ENTROPIX_NO_THREADS)
+    return 0;
+#else
+    return solo_products;
 #endif
 }
 

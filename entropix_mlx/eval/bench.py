@@ -315,7 +315,6 @@ def bench(
                 runs[name].append(run.result())
         load.append(os.getloadavg()[0])
     results = {name: median_result(rs) for name, rs in runs.items()}
-    threads, worker_chunks = thread_stats()
     return {
         "model": model_name,
         "paths": compute_paths(ours, theirs),
@@ -325,8 +324,7 @@ def bench(
         "ratios": ratios(results),
         "machine": {
             "cores": cores(),
-            "threads": threads,  # a product's threads, the caller's included (the shim's)
-            "worker_chunks": worker_chunks,
+            **thread_stats(),  # the shim's threads a product, what its workers and the caller did
             "load_average": load,  # the 1-minute load average before and after
             "contended": contended,
         },
