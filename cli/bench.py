@@ -42,6 +42,13 @@ def bench(
         ),
     ] = False,
     weights: WeightsOpt = default_weights(),
+    contended: Annotated[
+        bool,
+        typer.Option(
+            "--contended",
+            help="Run beside a busy neighbour: a NumPy matrix-product loop per core, started and ended by the bench.",
+        ),
+    ] = False,
 ):
     """Prefill and decode speed and peak memory: mlx-lm's own generation, our
     engine with the greedy sampler, our engine with the Entropix sampler."""
@@ -54,7 +61,7 @@ def bench(
 
     ours, theirs, tokenizer, source = benchmark.load_pair(model, weights)
     result = benchmark.bench(
-        ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats, progress=progress
+        ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats, progress=progress, contended=contended
     )
     if profile:
         progress("profile")
@@ -73,6 +80,14 @@ def print_tables(result: dict):
     paths = result.get("paths")
     if paths:
         console.print(f"mlx_lm: {paths['mlx_lm']}\nentropix: {paths['entropix']}")
+    machine = result.get("machine")
+    if machine:
+        before, after = machine["load_average"]
+        beside = " · beside a NumPy product loop on every core" if machine["contended"] else ""
+        console.print(
+            f"{machine['cores']} cores · {machine['threads']} threads a product · "
+            f"load average {before:.2f} before, {after:.2f} after{beside}"
+        )
     table = Table(
         title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
         f"generated, medians of {result['mlx_lm']['runs']} runs"

@@ -16,12 +16,12 @@ from entropix_mlx.accel.blas import blas_info, blas_name
 from entropix_mlx.accel.build import cache_folder, compiler
 from entropix_mlx.accel.weights import auto_rule, default_weights
 
-SETTINGS = ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM", "ENTROPIX_WEIGHTS", "CC", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+SETTINGS = ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM", "ENTROPIX_WEIGHTS", "CC", "ENTROPIX_THREADS", "OMP_NUM_THREADS")
 
 
 def shim_line(info: dict) -> str:
     if info["shim"]:
-        kind = "thin kernels" if info["thin_gemm"] else "GEMV only (built without OpenMP, or a CPU without AVX2)"
+        kind = "thin kernels" if info["thin_gemm"] else "GEMV only (built without threads, or a CPU without AVX2)"
         return f"{kind}: {info['shim']}"
     if info["name"]:
         return f"not running: {info['shim_reason']}"

@@ -63,7 +63,7 @@ assert worst < 1e-3, worst
 """
 
 
-# With the shim's OpenMP kernel, OpenBLAS runs on one thread (the shim splits the big
+# With the shim's threaded kernel, OpenBLAS runs on one thread (the shim splits the big
 # products over its own threads); without it, OpenBLAS keeps its threads (2, set below).
 _THREADS_CHECK = (
     "import ctypes; "
@@ -94,7 +94,7 @@ def test_shim_is_built_cached_and_exact(tmp_path):
     assert info["name"] == "OpenBLAS" and info["shim"] and info["shim_reason"] == ""
     assert info["shim"].startswith(str(tmp_path / "entropix-mlx"))
     built = calls.read_text()
-    assert "-fopenmp" in built
+    assert "-pthread" in built
     # The second process finds the cached library and compiles nothing.
     again = _blas_in_subprocess(None, env_extra=env)
     assert again["shim"] == info["shim"] and calls.read_text() == built
@@ -118,18 +118,18 @@ def test_without_the_shim_openblas_still_runs_every_product(tmp_path, env, reaso
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _openblas_present(), reason="needs a system OpenBLAS (Debian: libopenblas0-pthread)")
-def test_a_compiler_without_openmp_builds_the_shim_with_its_gemv_part_only(tmp_path):
+def test_a_compiler_without_threads_builds_the_shim_with_its_gemv_part_only(tmp_path):
     import shutil
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler on this machine")
-    no_openmp = tmp_path / "cc-without-openmp"
-    no_openmp.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) exit 1;; esac\nexec {cc} "$@"\n')
-    no_openmp.chmod(0o755)
+    no_threads = tmp_path / "cc-without-threads"
+    no_threads.write_text(f'#!/bin/sh\ncase " $* " in *" -pthread "*) exit 1;; esac\nexec {cc} "$@"\n')
+    no_threads.chmod(0o755)
     info = _blas_in_subprocess(
         None,
-        env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_openmp), "OPENBLAS_NUM_THREADS": "2"},
+        env_extra={"XDG_CACHE_HOME": str(tmp_path), "CC": str(no_threads), "OPENBLAS_NUM_THREADS": "2"},
         after=f"exec({_LAYOUT_CHECK!r}, {{}}); " + _THREADS_CHECK,
     )
     assert info["shim"] and info["shim_reason"] == "" and info["thin_gemm"] is False
@@ -140,7 +140,8 @@ def _thin_gemm_runs() -> bool:
 
 
 @pytest.mark.skipif(
-    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+    not _thin_gemm_runs(),
+    reason="the shim's few-row kernel needs OpenBLAS, a C compiler with threads and (x86-64) AVX2",
 )
 def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of_keys(on_cpu):
     """A decode step's attention, per row and head: its probabilities against its values are
@@ -163,7 +164,8 @@ def test_a_rows_attention_products_do_not_depend_on_its_padding_or_its_number_of
 
 
 @pytest.mark.skipif(
-    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+    not _thin_gemm_runs(),
+    reason="the shim's few-row kernel needs OpenBLAS, a C compiler with threads and (x86-64) AVX2",
 )
 def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on_the_batch(on_cpu):
     rng = np.random.default_rng(1)
@@ -185,7 +187,8 @@ def test_batched_linear_layers_take_the_few_row_kernel_and_rows_do_not_depend_on
 
 
 @pytest.mark.skipif(
-    not _thin_gemm_runs(), reason="the shim's few-row kernel needs OpenBLAS, a C compiler with OpenMP and (x86-64) AVX2"
+    not _thin_gemm_runs(),
+    reason="the shim's few-row kernel needs OpenBLAS, a C compiler with threads and (x86-64) AVX2",
 )
 def test_the_avx512_tiles_give_the_numbers_of_the_avx2_ones_bit_for_bit(on_cpu):
     """More than 8 rows take the 4 x 4 tiles where the CPU has AVX-512VL; a row's numbers

@@ -3,6 +3,7 @@
 No timing is asserted anywhere: only that the figures exist, are positive and
 are put together as documented."""
 
+import contextlib
 import json
 
 import mlx.core as mx
@@ -233,3 +234,43 @@ def test_compute_paths_name_each_side(monkeypatch, device):
         "entropix": f"{device} · float32 weights" + (f" · {blas_name()}" if device == "cpu" else ""),
         "blas": blas_name(),
     }
+
+
+def test_the_busy_neighbour_runs_for_the_block_and_is_ended_after(monkeypatch):
+    from entropix_mlx.eval import neighbour
+
+    with neighbour.busy_neighbour(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.returncode is not None for p in procs)
+    with pytest.raises(RuntimeError), neighbour.busy_neighbour(1) as procs:
+        raise RuntimeError("a failed run")
+    assert procs[0].returncode is not None  # ended on an error too
+
+
+def test_contended_bench_starts_its_neighbour_on_every_core_and_ends_it(tiny_model, tiny_tokenizer, monkeypatch):
+    started, alive = [], []
+    real = bench.busy_neighbour
+
+    def recording(*args, **kwargs):
+        with real(*args, **kwargs) as procs:
+            started.extend(procs)
+            yield procs
+
+    monkeypatch.setattr(bench, "busy_neighbour", contextlib.contextmanager(recording))
+    result = bench.bench(
+        tiny_model,
+        mlx_lm_twin(tiny_model),
+        tiny_tokenizer,
+        "tiny",
+        prompt_tokens=8,
+        gen_tokens=4,
+        repeats=1,
+        progress=lambda _: alive.append([p.poll() is None for p in started]),
+        contended=True,
+    )
+    check_result(result, 8, 4, runs=1)
+    assert len(started) == bench.cores() and alive and all(all(a) and a for a in alive)  # running all along
+    assert all(p.returncode is not None for p in started)  # and ended
+    assert result["machine"]["contended"] is True and len(result["machine"]["load_average"]) == 2
+    quiet = bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", 8, 4, 1, warmup=False)
+    assert quiet["machine"]["contended"] is False and len(started) == bench.cores()  # no neighbour unless asked

@@ -101,7 +101,7 @@ def _load_shim(openblas) -> tuple[str | None, str]:
     path, why = build_shim()
     if path is None:
         return None, why
-    set_threads = getattr(openblas, "openblas_set_num_threads", None)  # the shim's OpenMP threads replace them
+    set_threads = getattr(openblas, "openblas_set_num_threads", None)  # the shim's threads replace them
     global _shim_library
     try:
         shim = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
@@ -109,6 +109,7 @@ def _load_shim(openblas) -> tuple[str | None, str]:
             ctypes.cast(sgemm, ctypes.c_void_p),
             ctypes.cast(sgemv, ctypes.c_void_p),
             ctypes.cast(set_threads, ctypes.c_void_p) if set_threads else None,
+            ctypes.c_int(shim_threads()),
         ):
             return None, "the shim did not get OpenBLAS's functions"
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # first in the global scope: MLX's cblas_sgemm is the shim's
@@ -116,6 +117,32 @@ def _load_shim(openblas) -> tuple[str | None, str]:
         return None, f"cannot load {path}: {e}"
     _shim_library = shim
     return path, ""
+
+
+def shim_threads() -> int:
+    """How many threads one product may use, the calling one included: `ENTROPIX_THREADS`,
+    else `OMP_NUM_THREADS` (its first number, as OpenMP reads it), else the cores this
+    process may run on."""
+    for name in ("ENTROPIX_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thread_stats() -> dict:
+    """{"threads": how many threads a product may use, "worker_chunks": the chunks the shim's
+    workers have computed in this process, "solo_products": the products the calling thread ran
+    alone because a worker had lost its core}."""
+    if _shim_library is None:
+        return {"threads": 1, "worker_chunks": 0, "solo_products": 0}
+    for name in ("entropix_worker_chunks", "entropix_solo_products"):
+        getattr(_shim_library, name).restype = ctypes.c_long
+    return {
+        "threads": _shim_library.entropix_threads(),
+        "worker_chunks": _shim_library.entropix_worker_chunks(),
+        "solo_products": _shim_library.entropix_solo_products(),
+    }
 
 
 def blas_info() -> dict:
@@ -133,7 +160,7 @@ def blas_refused() -> str:
 def blas_name() -> str:
     """What MLX's float32 matmul calls: 'OpenBLAS + thin kernels' (the shim's
     GEMV and few-row kernel), 'OpenBLAS + GEMV' (the shim without its kernel:
-    no OpenMP, or a CPU without AVX2), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
+    built without threads, or a CPU without AVX2), 'OpenBLAS', 'MLX's BLAS' or 'Accelerate'."""
     if _blas["name"]:
         if not _blas["shim"]:
             return _blas["name"]

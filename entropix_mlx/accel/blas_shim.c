@@ -8,20 +8,29 @@
  *   - 1..THIN_ROWS rows of activations times a weight matrix stored N x K (how MLX passes
  *     `x @ W.T`): thin_gemm below, which streams each weight row once, prefetched into L2,
  *     against all rows (AVX2 + FMA on x86-64, checked at init; GCC's generic vectors
- *     elsewhere), split across cores with OpenMP. Each output is summed in the same order
- *     whatever M is, so a row's numbers do not depend on which rows share its batch;
+ *     elsewhere), split across cores by the shim's own worker threads (the pool below). Each
+ *     output is summed in the same order whatever M is, so a row's numbers do not depend on
+ *     which rows share its batch;
  *   - the attention's tiny products (a decode step's, per row and KV head: up to TINY_ROWS
  *     queries): on the calling thread, q k^T through the same tiles, p v through tiny_nn,
  *     so that a row's numbers depend neither on its padding nor on its number of keys;
  *   - other single-row or single-column products (and every one when thin_gemm cannot run):
  *     OpenBLAS's cblas_sgemv;
  *   - anything else (long prompts, column-major, a prompt's attention products): OpenBLAS, on
- *     one thread, the big products split over the same OpenMP threads (split_sgemm).
+ *     one thread, the big products split over the same worker threads (split_sgemm).
  * blas.py (through build.py) compiles this file once, hands it OpenBLAS's functions, and puts
  * it first in the process's global symbol scope, so MLX's cblas_sgemm calls land here.
  */
-#if defined(_OPENMP)
-#include <omp.h>
+#if !defined(ENTROPIX_NO_THREADS)
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #endif
 
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
@@ -37,7 +46,7 @@ typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const fl
 
 static sgemm_fn real_sgemm;
 static sgemv_fn real_sgemv;
-static int thin_ok;   /* thin_gemm runs: built with OpenMP, on a CPU with its instructions */
+static int thin_ok;   /* thin_gemm runs: built with threads, on a CPU with its instructions */
 static int own_threads;   /* OpenBLAS runs on one thread; split_sgemm spreads the big products */
 static long thin_calls;
 
@@ -218,52 +227,260 @@ static int wide_cpu;  /* the CPU has AVX-512VL (and thin_gemm runs) */
 static int wide_ok;   /* thin_columns_wide runs: wide_cpu, unless a test turned it off */
 static long wide_calls;
 
-/* C (M x N) = alpha A (M x K) . B^T + beta C, B stored N x K; chunks of 48 columns
-   (16 tiles, whole cache lines of C) shared out over the cores. */
-static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                      float beta, float *C, int ldc) {
-    enum { CHUNK = 48 };   /* 16 tiles of 3 columns or 12 of 4 */
-    int chunks = (N + CHUNK - 1) / CHUNK;
-    int wide = wide_ok && M > 8;
-    wide_calls += wide;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < chunks; i++) {
-        int n0 = i * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+/* The worker threads. A product is cut into chunks; the calling thread and the workers claim
+   them one at a time from a shared ticket, and the caller waits only for the chunks a worker has
+   claimed, never for a worker to turn up. An OpenMP team waits at each product's barrier for
+   every thread of the team: on a machine whose cores are busy with other work, a thread that had
+   lost its core held up each of a decode step's ~200 products for a scheduler time slice. Here
+   the caller does every chunk itself when no worker runs, so a product takes at most what it
+   takes on one thread, plus the chunks a preempted worker holds. Idle workers spin for SPIN_NS
+   (a step's products come microseconds apart), then sleep on a futex instead of taking CPU time
+   from the work they wait for. A chunk's numbers do not depend on the thread that computes it. */
+#if !defined(ENTROPIX_NO_THREADS)
+typedef void (*chunk_fn)(const void *job, int chunk);
+enum { MAX_WORKERS = 63, MAX_CHUNKS = 0xffff };
+#define SPIN_NS 50000L
+
+static struct {
+    _Atomic unsigned long long ticket;   /* generation (32 bits) | chunks (16) | next unclaimed (16) */
+    _Atomic unsigned int wake;           /* the futex word, bumped at every product */
+    _Atomic int sleepers, done;          /* done: chunks the workers finished of this product */
+    _Atomic(chunk_fn) fn;
+    _Atomic(const void *) job;
+    atomic_flag busy;                    /* one product at a time: another caller runs alone */
+    int workers, started;
+    pid_t pid;                           /* the process that started them: a fork has none */
+    unsigned int generation;
+} pool = {.busy = ATOMIC_FLAG_INIT};
+static long pool_chunks_by_workers;
+
+static inline void relax(void) {
 #if defined(__x86_64__)
-        if (wide) {
-            thin_columns_wide(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
-            continue;
-        }
+    __builtin_ia32_pause();
 #endif
-        thin_columns(M, n0, n1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* The next unclaimed chunk of the product `*seen` belongs to; 0 when none is left or another
+   product has begun. A claim succeeds only while its product still has unclaimed chunks, so the
+   caller cannot have moved on: the fn and job read after `*seen` are that product's. */
+static int claim(unsigned long long *seen, int *chunk) {
+    unsigned long long t = *seen;
+    for (;;) {
+        if ((t >> 32) != (*seen >> 32))
+            return 0;   /* `*seen` stays behind, so a waiting worker looks again at once */
+        if ((t & 0xffff) >= ((t >> 16) & 0xffff)) {
+            *seen = t;
+            return 0;
+        }
+        if (atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) {
+            *chunk = (int)(t & 0xffff);
+            *seen = t + 1;
+            return 1;
+        }
     }
 }
 
+static void *pool_worker(void *unused) {
+    (void)unused;
+    for (;;) {
+        unsigned long long t = atomic_load(&pool.ticket);
+        chunk_fn fn = atomic_load(&pool.fn);
+        const void *job = atomic_load(&pool.job);
+        int chunk;
+        while (claim(&t, &chunk)) {
+            fn(job, chunk);
+            atomic_fetch_add(&pool.done, 1);
+            pool_chunks_by_workers++;   /* a statistic for tests: races only lose counts */
+        }
+        long until = now_ns() + SPIN_NS;
+        for (int spins = 1; atomic_load(&pool.ticket) == t; spins++) {
+            relax();
+            if (spins % 64 == 0 && now_ns() > until) {
+                unsigned int word = atomic_load(&pool.wake);
+                atomic_fetch_add(&pool.sleepers, 1);
+                if (atomic_load(&pool.ticket) == t)
+                    syscall(SYS_futex, &pool.wake, FUTEX_WAIT_PRIVATE, word, NULL, NULL, 0);
+                atomic_fetch_sub(&pool.sleepers, 1);
+                until = now_ns() + SPIN_NS;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The workers, started at the first product of a process (again in a forked child). Signals
+   stay with the other threads: Python handles them on its main thread. */
+static void start_workers(void) {
+    pid_t pid = getpid();
+    if (pool.pid == pid)
+        return;
+    pool.pid = pid;
+    pool.started = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    for (int i = 0; i < pool.workers; i++) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 1 << 20);
+        pool.started += pthread_create(&thread, &attr, pool_worker, NULL) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* A worker that holds a claimed chunk this long has lost its core (a chunk takes tens of
+   microseconds): the cores are busy with other work. The caller then runs the next products
+   alone for a while, SOLO_NS at first and twice as long after each stall in a row, so that on a
+   machine that stays busy a product seldom waits for a thread the scheduler has put aside. */
+#define STALL_NS 300000L
+#define SOLO_NS 20000000L
+#define MAX_SOLO_NS 640000000L
+static long solo_until, solo_ns = SOLO_NS;
+static long solo_products;
+
+/* fn(job, 0..chunks), over the calling thread and whichever workers are free to help. */
+static void run_chunks(chunk_fn fn, const void *job, int chunks) {
+    int solo = pool.workers > 0 && solo_until && now_ns() < solo_until;
+    solo_products += solo;
+    if (chunks <= 1 || chunks > MAX_CHUNKS || pool.workers == 0 || solo || atomic_flag_test_and_set(&pool.busy)) {
+        for (int i = 0; i < chunks; i++)
+            fn(job, i);
+        return;
+    }
+    start_workers();
+    atomic_store(&pool.fn, fn);
+    atomic_store(&pool.job, job);
+    atomic_store(&pool.done, 0);
+    unsigned long long t = ((unsigned long long)++pool.generation << 32) | ((unsigned long long)chunks << 16);
+    atomic_store(&pool.ticket, t);
+    atomic_fetch_add(&pool.wake, 1);
+    if (atomic_load(&pool.sleepers))
+        syscall(SYS_futex, &pool.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    int chunk, mine = 0;
+    while (claim(&t, &chunk)) {
+        fn(job, chunk);
+        mine++;
+    }
+    /* Only chunks a running worker claimed are left: it finishes them within microseconds, unless
+       it lost its core, when yielding may hand it the core back. */
+    long waited_from = 0;
+    for (int spins = 1; atomic_load(&pool.done) + mine < chunks; spins++) {
+        relax();
+        if (spins == 64)
+            waited_from = now_ns();
+        if (spins % 256 == 0)
+            sched_yield();
+    }
+    if (waited_from) {
+        long now = now_ns();
+        if (now - waited_from > STALL_NS) {
+            solo_until = now + solo_ns;
+            solo_ns = solo_ns * 2 > MAX_SOLO_NS ? MAX_SOLO_NS : solo_ns * 2;
+        } else {
+            solo_ns = SOLO_NS;
+        }
+    } else {
+        solo_ns = SOLO_NS;
+    }
+    atomic_flag_clear(&pool.busy);
+}
+#endif
+
+/* C (M x N) = alpha A (M x K) . B^T + beta C, B stored N x K; chunks of 48 columns
+   (16 tiles, whole cache lines of C) shared out over the threads. */
+struct thin_job {
+    int M, N, K, lda, ldb, ldc, wide;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+};
+enum { CHUNK = 48 };   /* 16 tiles of 3 columns or 12 of 4 */
+
+static void thin_chunk(const void *job, int i) {
+    const struct thin_job *j = job;
+    int n0 = i * CHUNK, n1 = n0 + CHUNK < j->N ? n0 + CHUNK : j->N;
+#if defined(__x86_64__)
+    if (j->wide) {
+        thin_columns_wide(j->M, n0, n1, j->K, j->alpha, j->A, j->lda, j->B, j->ldb, j->beta, j->C, j->ldc);
+        return;
+    }
+#endif
+    thin_columns(j->M, n0, n1, j->K, j->alpha, j->A, j->lda, j->B, j->ldb, j->beta, j->C, j->ldc);
+}
+
+static void thin_gemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                      float beta, float *C, int ldc) {
+    struct thin_job job = {M, N, K, lda, ldb, ldc, wide_ok && M > 8, alpha, beta, A, B, C};
+    wide_calls += job.wide;
+    int chunks = (N + CHUNK - 1) / CHUNK;
+#if !defined(ENTROPIX_NO_THREADS)
+    run_chunks(thin_chunk, &job, chunks);
+#else
+    for (int i = 0; i < chunks; i++)
+        thin_chunk(&job, i);
+#endif
+}
+
 /* OpenBLAS's own threads are turned off (`set_threads`, its openblas_set_num_threads, called
-   with 1) where the shim has OpenMP: two thread pools on few cores take turns badly. OpenBLAS
-   splits any product above 262,144 multiply-adds over its threads, also a prompt's tiny
-   attention products, and the weight products' OpenMP workers then spin while OpenBLAS's
-   threads wake. The products worth splitting are split here instead, on the same OpenMP
-   threads (split_sgemm). */
-int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads) {
+   with 1) where the shim has its threads: two thread pools on few cores take turns badly. OpenBLAS
+   splits any product above 262,144 multiply-adds over its threads, also a prompt's tiny attention
+   products, and the shim's workers would then wait while OpenBLAS's threads wake. The products
+   worth splitting are split here instead, on the same workers (split_sgemm). `threads`: how many
+   threads a product may use, the calling one included. */
+int entropix_blas_shim_init(void *sgemm, void *sgemv, void *set_threads, int threads) {
     real_sgemm = (sgemm_fn)sgemm;
     real_sgemv = (sgemv_fn)sgemv;
 #if defined(ENTROPIX_NO_THREADS)
     thin_ok = 0;   /* one core would lose to OpenBLAS's threads */
-#elif defined(__x86_64__)
+    (void)threads;
+#else
+#if defined(__x86_64__)
     __builtin_cpu_init();
     thin_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     wide_ok = wide_cpu = thin_ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #else
     thin_ok = 1;
 #endif
-#if defined(_OPENMP)
+    pool.workers = threads < 1 ? 0 : threads - 1 > MAX_WORKERS ? MAX_WORKERS : threads - 1;
     if (set_threads) {
         ((void (*)(int))set_threads)(1);
         own_threads = 1;
     }
 #endif
     return real_sgemm != 0 && real_sgemv != 0;
+}
+
+/* Tests: how many threads a product may use (the caller's included), how many workers run in
+   this process, and how many chunks they have computed. */
+int entropix_threads(void) {
+#if defined(ENTROPIX_NO_THREADS)
+    return 1;
+#else
+    return pool.workers + 1;
+#endif
+}
+long entropix_worker_chunks(void) {
+#if defined(ENTROPIX_NO_THREADS)
+    return 0;
+#else
+    return pool.started && pool.pid == getpid() ? pool_chunks_by_workers : 0;
+#endif
+}
+long entropix_solo_products(void) {
+#if defined(ENTROPIX_NO_THREADS)
+    return 0;
+#else
+    return solo_products;
+#endif
 }
 
 /* 1 when thin_gemm takes 2..THIN_ROWS-row products (for the header); how many it took (tests). */
@@ -279,28 +496,44 @@ int entropix_thin_gemm_wide(int wide) {
 }
 long entropix_thin_gemm_wide_calls(void) { return wide_calls; }
 
-/* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per
-   OpenMP thread, on a share of C's columns (or rows, when it has more rows than columns). */
+/* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per thread's
+   share of C's columns (or rows, when it has more rows than columns). The shares are those of
+   the thread count, whichever threads compute them, so the numbers do not depend on the load. */
 enum { SPLIT_MACS = 1 << 21 };
+struct split_job {
+    int order, trans_a, trans_b, M, N, K, lda, ldb, ldc, by_columns, share;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+};
+
+#if !defined(ENTROPIX_NO_THREADS)
+static void split_chunk(const void *job, int t) {
+    const struct split_job *j = job;
+    int size = j->by_columns ? j->N : j->M;
+    int lo = t * j->share, hi = lo + j->share < size ? lo + j->share : size;
+    if (lo >= hi)
+        return;
+    if (j->by_columns)
+        real_sgemm(j->order, j->trans_a, j->trans_b, j->M, hi - lo, j->K, j->alpha, j->A, j->lda,
+                   j->trans_b == NoTrans ? j->B + lo : j->B + (long)lo * j->ldb, j->ldb, j->beta, j->C + lo, j->ldc);
+    else
+        real_sgemm(j->order, j->trans_a, j->trans_b, hi - lo, j->N, j->K, j->alpha,
+                   j->trans_a == NoTrans ? j->A + (long)lo * j->lda : j->A + lo, j->lda, j->B, j->ldb, j->beta,
+                   j->C + (long)lo * j->ldc, j->ldc);
+}
+#endif
+
 static void split_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-#if defined(_OPENMP)
-    if (own_threads && order == RowMajor && (double)M * N * K >= SPLIT_MACS) {
-        int by_columns = N >= M;
-#pragma omp parallel
-        {
-            int threads = omp_get_num_threads(), t = omp_get_thread_num();
-            int size = by_columns ? N : M;
-            int share = ((size + threads - 1) / threads + 15) / 16 * 16;   /* whole cache lines of C */
-            int lo = t * share, hi = lo + share < size ? lo + share : size;
-            if (lo < hi && by_columns)
-                real_sgemm(order, trans_a, trans_b, M, hi - lo, K, alpha, A, lda,
-                           trans_b == NoTrans ? B + lo : B + (long)lo * ldb, ldb, beta, C + lo, ldc);
-            else if (lo < hi)
-                real_sgemm(order, trans_a, trans_b, hi - lo, N, K, alpha,
-                           trans_a == NoTrans ? A + (long)lo * lda : A + lo, lda, B, ldb, beta,
-                           C + (long)lo * ldc, ldc);
-        }
+#if !defined(ENTROPIX_NO_THREADS)
+    int threads = pool.workers + 1;
+    if (own_threads && threads > 1 && order == RowMajor && (double)M * N * K >= SPLIT_MACS) {
+        int by_columns = N >= M, size = by_columns ? N : M;
+        int share = ((size + threads - 1) / threads + 15) / 16 * 16;   /* whole cache lines of C */
+        struct split_job job = {order, trans_a, trans_b, M, N, K, lda, ldb, ldc, by_columns, share,
+                                alpha, beta, A, B, C};
+        run_chunks(split_chunk, &job, threads);
         return;
     }
 #endif

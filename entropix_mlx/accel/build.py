@@ -26,8 +26,8 @@ from pathlib import Path
 
 SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
 
-# With OpenMP first; a compiler without it builds the single-threaded GEMV part only.
-FLAG_SETS = (("-O3", "-fopenmp"), ("-O3", "-DENTROPIX_NO_THREADS"))
+# With threads first; where they cannot be built, the single-threaded GEMV part only.
+FLAG_SETS = (("-O3", "-pthread"), ("-O3", "-DENTROPIX_NO_THREADS"))
 BUILD_TIMEOUT_S = 120
 
 
@@ -91,7 +91,7 @@ def _first_error(stderr: str) -> str:
 
 
 def build_shim() -> tuple[str | None, str]:
-    """The shim's library, found in the cache folder or compiled into it now (with OpenMP,
+    """The shim's library, found in the cache folder or compiled into it now (with threads,
     else without). Returns (its path, "") or (None, why plain OpenBLAS runs)."""
     command = compiler()
     if not shutil.which(command[0]):
@@ -100,7 +100,7 @@ def build_shim() -> tuple[str | None, str]:
     if why:
         return None, f"cache folder refused: {why}"
     names = [library_name(command, flags) for flags in FLAG_SETS]
-    for name in names:  # a build without OpenMP is kept too: this compiler has none
+    for name in names:  # a build without threads is kept too: this compiler cannot make them
         if (folder / name).exists():
             why = owned_by_user(folder / name, folder=False)
             return (None, f"cached library refused: {why}") if why else (str(folder / name), "")

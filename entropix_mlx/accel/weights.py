@@ -21,12 +21,12 @@ weight matrix on every call; even its GEMV streams the weights below the memory'
 speed). `blas_shim.c` is
 a `cblas_sgemm` that sends products of 1-64 rows with a weight matrix to a
 kernel of its own (each weight row read once for every row, prefetched, split
-over the cores with OpenMP), the attention's tiny products of a decode step to
+over the cores by the shim's own worker threads), the attention's tiny products of a decode step to
 small kernels on the calling thread, other single-row and single-column products
 to `cblas_sgemv`, and everything else to OpenBLAS's own. It is compiled once with
 the system C compiler (which MLX's CPU backend already uses for its own
 kernels) into the user's cache folder (build.py), and put in the global scope
-ahead of OpenBLAS. Without OpenMP it is built single-threaded and keeps only the
+ahead of OpenBLAS. Without threads it is built single-threaded and keeps only the
 GEMV part; without a compiler, with an unsafe cache folder, or if anything
 fails, plain OpenBLAS runs.
 

@@ -4,8 +4,9 @@ Three variants generate the same number of tokens from the same prompt:
 
 - `mlx_lm`: mlx-lm's own `stream_generate` (greedy, its default sampler) on
   mlx-lm's own Llama built from the same weights;
-- `entropix_greedy`: our engine with the greedy sampler and no metrics (what
-  the engine itself costs: attention scores, the decode loop);
+- `entropix_greedy`: our engine with the greedy sampler as `run --sampler
+  greedy` builds it (what the engine itself costs: attention scores, the
+  metrics, the decode loop);
 - `entropix`: our engine with the full Entropix sampler.
 
 All three are timed the same way, from outside, on the tokens they stream:
@@ -34,11 +35,18 @@ Peak memory is the run's own weights and KV cache plus the peak of what it
 allocated while it ran: both models and all three caches are alive at once
 here, so the raw process peak would count the others too. Figures are medians
 over repeats.
+
+Both engines run in this process exactly as `run` runs them: the same `generate`
+loop, the same weights (`--weights`), the same BLAS and the same worker threads
+(the shim's threads serve whichever thread calls them, so nothing depends on the
+caller). `contended=True` runs the whole bench beside a busy neighbour
+(neighbour.py), so the fast path's figure on a shared machine can be watched.
 """
 
+import os
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -48,12 +56,13 @@ from mlx_lm.models import llama as mlx_lm_llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from ..accel.blas import blas_name
+from ..accel.blas import blas_name, thread_stats
 from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
 from ..decode.registry import make_sampler
 from ..errors import ConfigError
 from ..model.loading import download, load, load_gguf
+from .neighbour import busy_neighbour, cores
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
 
@@ -212,7 +221,7 @@ def load_pair(ref: str | None, weights: str = "auto"):
 
 def make_samplers(tokenizer, model_name: str | None):
     return {
-        "entropix_greedy": lambda: make_sampler("greedy", metrics=False),
+        "entropix_greedy": lambda: make_sampler("greedy"),  # as `run --sampler greedy` builds it
         "entropix": lambda: make_sampler("entropix", tokenizer=tokenizer, model_name=model_name),
     }
 
@@ -270,8 +279,11 @@ def bench(
     repeats: int = 2,
     warmup: bool = True,
     progress=None,
+    contended: bool = False,
 ) -> dict:
-    """Run the three variants `repeats` times, interleaved; medians and ratios."""
+    """Run the three variants `repeats` times, interleaved; medians and ratios.
+    `contended`: beside a NumPy matrix-product loop on every core (neighbour.py), from
+    before the warm-up to after the last run."""
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
     context = ours.args.max_position_embeddings
@@ -283,11 +295,12 @@ def bench(
     samplers = make_samplers(tokenizer, model_name)
     prompt = bench_prompt(tokenizer, prompt_tokens)
     runs = {name: [] for name in VARIANTS}
-    with no_eos(tokenizer):
+    load = [os.getloadavg()[0]]
+    with busy_neighbour() if contended else nullcontext(), no_eos(tokenizer):
         if warmup:
             # First calls pay for kernel set-up and mlx-lm's compiled sampler: not timed.
             if progress:
-                progress("warm-up")
+                progress("warm-up" + (" beside the busy neighbour" if contended else ""))
             short = prompt[: min(prompt_tokens, 16)]
             interleaved({name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers) for name in VARIANTS})
         for r in range(repeats):
@@ -300,6 +313,7 @@ def bench(
             interleaved(current, rounds_start=r)
             for name, run in current.items():
                 runs[name].append(run.result())
+        load.append(os.getloadavg()[0])
     results = {name: median_result(rs) for name, rs in runs.items()}
     return {
         "model": model_name,
@@ -308,6 +322,12 @@ def bench(
         "gen_tokens": gen_tokens,
         **results,
         "ratios": ratios(results),
+        "machine": {
+            "cores": cores(),
+            **thread_stats(),  # the shim's threads a product, what its workers and the caller did
+            "load_average": load,  # the 1-minute load average before and after
+            "contended": contended,
+        },
     }
 
 
