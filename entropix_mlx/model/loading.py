@@ -3,6 +3,7 @@ a Hugging Face repo id, into this project's Llama port and an mlx-lm tokenizer."
 
 import importlib.util
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokeniz
 from ..accel.weights import check_weights, choose_weights, to_float32
 from ..errors import ModelLoadError, UnsupportedModelError
 from . import gguf
+from .gguf_check import read_header
 from .llama import Model, ModelArgs
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -92,11 +94,14 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
-        model, tokenizer = load_gguf(source.path)
+        header = read_header(source.path)
+        fmt = choose_weights(weights, float32_nbytes=4 * sum(math.prod(t.shape) for t in header.tensors))
+        model, tokenizer = load_gguf(source.path, native=fmt == "native")
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         model, tokenizer = load_directory(path)
-    if choose_weights(weights, model) == "float32":
+        fmt = choose_weights(weights, model)
+    if fmt == "float32":
         to_float32(model)
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
@@ -143,19 +148,12 @@ class FreqsRoPE(nn.Module):
         )
 
 
-def read_gguf_model(path: Path):
-    """(config, weights in mlx-lm names, rope_freqs, metadata) of a GGUF file."""
-    weights, metadata = gguf.read_gguf(path)
-    config = gguf.gguf_config(metadata, weights, path)
-    weights, rope_freqs = gguf.gguf_weights(weights)
-    gguf.check_config(config, weights, path)
-    return config, weights, rope_freqs, metadata
-
-
-def load_gguf(path: Path, model_class=Model, args_class=ModelArgs):
-    config, weights, rope_freqs, metadata = read_gguf_model(path)
-    tokenizer = gguf.gguf_tokenizer(metadata, path)
-    return build_model(config, weights, model_class, args_class, rope_freqs), tokenizer
+def load_gguf(path: Path, model_class=Model, args_class=ModelArgs, native: bool = True):
+    """`native`: quantized tensors stay quantized (gguf_tensors.py says how);
+    otherwise they are read as float32 where that is more exact than requantizing."""
+    g = gguf.read_gguf(path, native)
+    tokenizer = gguf.gguf_tokenizer(g.header.metadata, g.header.path)
+    return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
 
 
 def load_directory(path: Path):

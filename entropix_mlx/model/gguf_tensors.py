@@ -1,0 +1,104 @@
+"""GGUF tensors to MLX arrays, decoded by llama.cpp's own `gguf` package.
+
+Three ways, by the tensor's GGML type (docs/gguf.md has the table and the errors):
+
+- F32, F16, BF16 stay as they are.
+- Q4_0, Q4_1 and Q8_0 are affine per block of 32 (`w = d*q + m`), which is exactly
+  MLX's affine quantization: their codes and scales are repacked unchanged.
+- Every other type is dequantized by `gguf.quants.dequantize` to float32, then, for
+  native weights, quantized again with `mx.quantize` at the bits and group size
+  `REQUANTIZE` gives (MLX has no group of 16 and no non-linear grid); for float32
+  weights it stays float32.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from .gguf_check import TensorInfo
+
+# (bits, group size) of the MLX quantization each GGML type becomes with native weights.
+EXACT = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q8_0": (8, 32)}
+REQUANTIZE = {
+    "Q4_K": (4, 32),  # 8 sub-blocks of 32, each w = a*q - b: MLX's form
+    "Q5_0": (5, 32),
+    "Q5_1": (5, 32),
+    "Q5_K": (5, 32),
+    "Q6_K": (8, 32),  # sub-blocks of 16 with their own scales: 8 bits keep both
+    "Q3_K": (6, 32),  # sub-blocks of 16
+    "Q2_K": (4, 32),  # sub-blocks of 16
+    "IQ4_NL": (6, 32),  # non-linear grids: more bits than the type's to follow them
+    "IQ4_XS": (6, 32),
+    "IQ3_XXS": (5, 32),
+    "IQ3_S": (5, 32),
+    "IQ2_XXS": (4, 32),
+    "IQ2_XS": (4, 32),
+    "IQ2_S": (4, 32),
+    "IQ1_S": (4, 32),
+    "IQ1_M": (4, 32),
+}
+QUANTIZATION = {**EXACT, **REQUANTIZE}
+
+
+class TensorFile:
+    """A GGUF file's tensor data, mapped once and read tensor by tensor."""
+
+    def __init__(self, path: Path):
+        self.data = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        return self.data[info.start : info.start + info.nbytes].reshape(rows, -1)
+
+    def read(self, info: TensorInfo, native: bool, scale_dtype=mx.float16):
+        """An `mx.array`, or `(weight, scales, biases)` for a quantized matrix."""
+        raw = self.raw(info)
+        if info.kind == "F32":
+            return mx.array(raw.view(np.float32).reshape(info.shape))
+        if info.kind == "F16":
+            return mx.array(raw.view(np.float16).reshape(info.shape))
+        if info.kind == "BF16":
+            return mx.array(raw.view(np.uint16).reshape(info.shape)).view(mx.bfloat16)
+        if info.kind in EXACT:
+            return repack(raw, info.kind, info.shape)
+        values = dequantize(raw, GGMLQuantizationType[info.kind]).reshape(info.shape)
+        if not native or len(info.shape) < 2:
+            return mx.array(values)
+        bits, group = REQUANTIZE[info.kind]
+        weight, scales, biases = mx.quantize(mx.array(values), group_size=group, bits=bits)
+        return weight, scales.astype(scale_dtype), biases.astype(scale_dtype)
+
+
+def repack(raw: np.ndarray, kind: str, shape: tuple):
+    """Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization, value for value."""
+    rows = raw.shape[0]
+    if kind == "Q8_0":
+        blocks = raw.reshape(rows, -1, 34)
+        d = blocks[..., :2].copy().view(np.float16)[..., 0]
+        codes = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        scales, biases, bits = d, d * np.float16(-128), 8
+    else:
+        width = 18 if kind == "Q4_0" else 20
+        blocks = raw.reshape(rows, -1, width)
+        d = blocks[..., :2].copy().view(np.float16)[..., 0]
+        if kind == "Q4_0":
+            biases = d * np.float16(-8)
+        else:
+            biases = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+        qs = blocks[..., width - 16 :]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # elements 0-15 low nibbles, 16-31 high
+        scales, bits = d, 4
+    weight = pack(codes.reshape(*shape[:-1], shape[-1]), bits)
+    return mx.array(weight), mx.array(scales.reshape(*shape[:-1], -1)), mx.array(biases.reshape(*shape[:-1], -1))
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes into MLX's packing: a little-endian bit stream in uint32 words."""
+    lead = codes.shape[:-1]
+    eight = codes.reshape(-1, 8).astype(np.uint64)
+    words = (eight << (np.arange(8, dtype=np.uint64) * np.uint64(bits))).sum(axis=1, dtype=np.uint64)
+    stream = words.view(np.uint8).reshape(-1, 8)[:, :bits]
+    return np.ascontiguousarray(stream).reshape(*lead, -1).view(np.uint32)
