@@ -3,7 +3,7 @@
 Three ways, by the tensor's GGML type (docs/gguf.md has the table and the errors):
 
 - F32, F16, BF16 stay as they are.
-- Q4_0, Q4_1 and Q8_0 are affine per block of 32 (`w = d*q + m`), which is exactly
+- Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are affine per block of 32 (`w = d*q + m`), which is exactly
   MLX's affine quantization: their codes and scales are repacked unchanged.
 - Every other type is dequantized by `gguf.quants.dequantize` to float32, then, for
   native weights, quantized again with `mx.quantize` at the bits and group size
@@ -21,11 +21,9 @@ from gguf.quants import dequantize
 from .gguf_check import TensorInfo
 
 # (bits, group size) of the MLX quantization each GGML type becomes with native weights.
-EXACT = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q8_0": (8, 32)}
+EXACT = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (5, 32), "Q5_1": (5, 32), "Q8_0": (8, 32)}
 REQUANTIZE = {
-    "Q4_K": (4, 32),  # 8 sub-blocks of 32, each w = a*q - b: MLX's form
-    "Q5_0": (5, 32),
-    "Q5_1": (5, 32),
+    "Q4_K": (4, 32),  # sub-blocks of 32, each w = a*q - b, but a and b are products of 6-bit factors
     "Q5_K": (5, 32),
     "Q6_K": (8, 32),  # sub-blocks of 16 with their own scales: 8 bits keep both
     "Q3_K": (6, 32),  # sub-blocks of 16
@@ -63,7 +61,8 @@ class TensorFile:
         if info.kind == "BF16":
             return mx.array(raw.view(np.uint16).reshape(info.shape)).view(mx.bfloat16)
         if info.kind in EXACT:
-            return repack(raw, info.kind, info.shape)
+            weight, scales, biases = repack(raw, info.kind, info.shape)
+            return weight, scales.astype(scale_dtype), biases.astype(scale_dtype)
         values = dequantize(raw, GGMLQuantizationType[info.kind]).reshape(info.shape)
         if not native or len(info.shape) < 2:
             return mx.array(values)
@@ -73,32 +72,37 @@ class TensorFile:
 
 
 def repack(raw: np.ndarray, kind: str, shape: tuple):
-    """Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization, value for value."""
-    rows = raw.shape[0]
+    """Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks as MLX affine quantization, value for value:
+    the codes unchanged, scale d, bias m (or -d times the code of zero)."""
+    width = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}[kind]
+    blocks = raw.reshape(raw.shape[0], -1, width)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]
     if kind == "Q8_0":
-        blocks = raw.reshape(rows, -1, 34)
-        d = blocks[..., :2].copy().view(np.float16)[..., 0]
-        codes = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        scales, biases, bits = d, d * np.float16(-128), 8
+        codes, bits, zero = blocks[..., 2:] ^ np.uint8(0x80), 8, 128  # int8 q as uint8 q + 128
     else:
-        width = 18 if kind == "Q4_0" else 20
-        blocks = raw.reshape(rows, -1, width)
-        d = blocks[..., :2].copy().view(np.float16)[..., 0]
-        if kind == "Q4_0":
-            biases = d * np.float16(-8)
-        else:
-            biases = blocks[..., 2:4].copy().view(np.float16)[..., 0]
         qs = blocks[..., width - 16 :]
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # elements 0-15 low nibbles, 16-31 high
-        scales, bits = d, 4
-    weight = pack(codes.reshape(*shape[:-1], shape[-1]), bits)
-    return mx.array(weight), mx.array(scales.reshape(*shape[:-1], -1)), mx.array(biases.reshape(*shape[:-1], -1))
+        bits, zero = (4, 8) if kind in ("Q4_0", "Q4_1") else (5, 16)
+        if bits == 5:  # the fifth bits of the 32 codes, one uint32 before qs
+            qh = blocks[..., width - 20 : width - 16].copy().view(np.uint32)
+            codes = codes | (((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
+    if kind in ("Q4_1", "Q5_1"):
+        biases = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    else:
+        biases = d * np.float16(-zero)
+    weight = pack(codes.reshape(shape), bits)
+    lead = shape[:-1]
+    return mx.array(weight), mx.array(d.reshape(*lead, -1)), mx.array(biases.reshape(*lead, -1))
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Unsigned codes into MLX's packing: a little-endian bit stream in uint32 words."""
+    """Unsigned codes in MLX's packing: a little-endian bit stream in uint32 words."""
     lead = codes.shape[:-1]
-    eight = codes.reshape(-1, 8).astype(np.uint64)
-    words = (eight << (np.arange(8, dtype=np.uint64) * np.uint64(bits))).sum(axis=1, dtype=np.uint64)
+    if bits == 8:
+        return np.ascontiguousarray(codes, dtype=np.uint8).reshape(*lead, -1).view(np.uint32)
+    if bits == 4:
+        return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(*lead, -1).view(np.uint32)
+    eight = codes.reshape(-1, 8).astype(np.uint64)  # 8 codes fill `bits` whole bytes
+    words = np.bitwise_or.reduce(eight << (np.arange(8, dtype=np.uint64) * np.uint64(bits)), axis=1)
     stream = words.view(np.uint8).reshape(-1, 8)[:, :bits]
     return np.ascontiguousarray(stream).reshape(*lead, -1).view(np.uint32)

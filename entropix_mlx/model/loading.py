@@ -113,7 +113,7 @@ def build_model(
     quantizing exactly the layers the weights say are quantized. Used for our
     port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
     model = model_class(args_class.from_dict(config))
-    weights = model.sanitize(weights)
+    weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
     nn.quantize(
         model,
         class_predicate=lambda p, m: (
