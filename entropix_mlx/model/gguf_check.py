@@ -108,6 +108,7 @@ def read_header(path: Path) -> GGUFHeader:
     not GGUF, one part of a split file, truncated, corrupt, or a tensor type that
     cannot be read."""
     path = Path(path)
+    _check_split({}, path)  # by name first: a part cut short is still a part
     size = path.stat().st_size
     header = GGUFHeader(path)
     with open(path, "rb") as f:
