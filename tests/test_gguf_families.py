@@ -49,9 +49,9 @@ TOKENS = mx.array([[5, 17, 200, 33, 9, 120, 64, 3, 250, 77, 18, 41, 260, 99, 7, 
 # exact types (float32, Q8_0 repacked) are float rounding; requantized ones carry MLX's
 # requantization of the file's values (gguf_tensors.REQUANTIZE).
 # Native quantized weights compute in float16 (their scales' type), hence Q8_0's.
-# The K-quant blocks are random (gguf_writer.py), so neighbouring sub-blocks of 16 have
+# The Q6_K blocks are random (gguf_writer.py), so neighbouring sub-blocks of 16 have
 # unrelated scales, which MLX's groups of 32 must share: a worst case for requantizing.
-TOLERANCE = {"F32": 1e-5, "Q8_0": 5e-3, "Q5_0": 5e-3, "Q4_K": 0.2, "Q6_K": 0.2}
+TOLERANCE = {"F32": 1e-5, "Q8_0": 5e-3, "Q5_0": 5e-3, "Q4_K": 5e-3, "Q6_K": 0.2}
 
 
 def mlx_lm_model(config, seed):
