@@ -10,6 +10,7 @@ import sys
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from entropix_mlx.accel import enable
 from entropix_mlx.errors import EntropixError
@@ -21,8 +22,33 @@ try:  # recent Typer vendors its own copy of Click
 except ImportError:
     from click.exceptions import ClickException, UsageError
 
+
+class _NoFlagType:
+    """Typer (0.29) writes a flag's type in --help, `--json <bool>`, as if it took a
+    value. Flags take none: an empty metavar leaves the column blank, for every
+    flag of every command, --help itself included (Click adds that one)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_NoFlagType, TyperCommand):
+    pass
+
+
+class Group(_NoFlagType, TyperGroup):
+    pass
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Entropy-aware sampling for Llama-family models on MLX."
+    cls=Group,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Entropy-aware sampling for Llama-family models on MLX.",
 )
 
 
@@ -56,6 +82,9 @@ def register_commands():
 
     for module in (run, chat, models_cmd, calibrate, bench, eval, serve, doctor, convert):
         module.register(app)
+    for command in app.registered_commands:
+        if command.cls in (None, TyperCommand):
+            command.cls = Command
 
 
 def fail(message: str, code: int = 2):

@@ -17,6 +17,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
+from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
@@ -26,16 +27,20 @@ from .options import (
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
+    FrequencyPenaltyOpt,
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
     NoColorOpt,
+    PresencePenaltyOpt,
+    RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
     SystemOpt,
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    VerboseOpt,
     WeightsOpt,
     check_options,
 )
@@ -55,8 +60,21 @@ COMMANDS = {
 
 
 class ChatSession:
-    def __init__(self, llm, tokenizer, source, sampler_name, sampler_options, max_tokens, seed, system, no_color):
-        self.source, self.tokenizer = source, tokenizer
+    def __init__(
+        self,
+        llm,
+        tokenizer,
+        source,
+        sampler_name,
+        sampler_options,
+        max_tokens,
+        seed,
+        system,
+        no_color,
+        penalties=None,
+        verbose=False,
+    ):
+        self.source, self.tokenizer, self.penalties, self.verbose = source, tokenizer, penalties, verbose
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
         self.start_sampler, self.start_seed = self.sampler.name, seed
@@ -75,7 +93,7 @@ class ChatSession:
         self.out.print(text, style=render.META_STYLE)
 
     def show_sampler(self):
-        self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model))
+        self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model, self.verbose))
         if self.color:
             self.out.print(render.legend(sampler_strategies(self.sampler)))
 
@@ -137,7 +155,9 @@ class ChatSession:
     def answer(self, text: str):
         turn, problem, interrupted, shown = None, None, None, 0
         try:
-            turn = self.conversation.ask(text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed)
+            turn = self.conversation.ask(
+                text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed, penalties=self.penalties
+            )
             self.next_seed += 1
             if hasattr(turn.generation, "on_row"):  # deliberate: show the branches as they finish
                 turn.generation.on_row = deliberation_progress(self.out, self.conversation.tokenizer, self.color)
@@ -246,6 +266,10 @@ class ChatSession:
         self.conversation.system = arg or None
         self.meta(f"system prompt: {arg}" if arg else "system prompt removed")
 
+    def penalties_given(self) -> dict:
+        p = self.penalties
+        return {"presence": p.presence, "frequency": p.frequency, "repetition": p.repetition, "window": p.window}
+
     def save(self, arg):
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
@@ -256,6 +280,7 @@ class ChatSession:
             "model": self.source.name,
             "sampler": self.start_sampler,
             "seed": self.start_seed,
+            **({"penalties": self.penalties_given()} if self.penalties is not None else {}),
             **self.conversation.transcript(),
         }
         path = Path(arg).expanduser()
@@ -281,16 +306,23 @@ def chat(
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
     no_color: NoColorOpt = False,
     weights: WeightsOpt = default_weights(),
     budget: BudgetOpt = None,
+    verbose: VerboseOpt = False,
 ):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, budget, **overrides)
     llm, tokenizer, source = load_model(model, weights)
     options = {"config": config, **overrides, "budget": budget}
-    session = ChatSession(llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color)
+    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
+    session = ChatSession(
+        llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties, verbose
+    )
     try:
         session.loop()
     except Terminated:  # SIGTERM: what was shown stays; leave with 143

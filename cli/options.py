@@ -109,7 +109,45 @@ MinPOpt = Annotated[
         help="In [0, 1): drop tokens less likely than min_p × the top token's probability.",
     ),
 ]
+
+
+def _check_repetition_penalty(value: float | None):
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value} is not above 0; 1 turns it off, e.g. 1.1 discourages repeats")
+    return value
+
+
+PresencePenaltyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--presence-penalty",
+        min=-2.0,
+        max=2.0,
+        help="-2 to 2, OpenAI's: lower the logit of every token the answer already has, by this much.",
+    ),
+]
+FrequencyPenaltyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--frequency-penalty",
+        min=-2.0,
+        max=2.0,
+        help="-2 to 2, OpenAI's: lower a token's logit by this much for each time the answer has it.",
+    ),
+]
+RepetitionPenaltyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--repetition-penalty",
+        callback=_check_repetition_penalty,
+        help="llama.cpp's (1 = off, e.g. 1.1): divide the logits of the last 64 tokens seen (prompt, then answer).",
+    ),
+]
 NoColorOpt = Annotated[bool, typer.Option("--no-color", help="Plain text, no colours.")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", help="The header also names the device, the weight format and the BLAS in use."),
+]
 BudgetOpt = Annotated[
     float | None,
     typer.Option(

@@ -15,7 +15,8 @@ import mlx.core as mx
 import typer
 
 from entropix_mlx.accel import weights as backend
-from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.accel.blas import blas_name, blas_refused
+from entropix_mlx.accel.weights import default_weights, weights_format
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
@@ -23,6 +24,7 @@ from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
+from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
@@ -32,16 +34,20 @@ from .options import (
     DEFAULT_SEED,
     BudgetOpt,
     ConfigOpt,
+    FrequencyPenaltyOpt,
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
     NoColorOpt,
+    PresencePenaltyOpt,
+    RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
     SystemOpt,
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    VerboseOpt,
     WeightsOpt,
     check_options,
 )
@@ -89,8 +95,26 @@ def build_sampler(name, tokenizer, model_name, config=None, **overrides):
     )
 
 
-def header(source, sampler, seed: int, model=None) -> str:
-    parts = [source.name] + ([backend.describe(model)] if model is not None else []) + [f"sampler {sampler.name}"]
+def compute_path(model) -> str:
+    """How the model runs, in a newcomer's words (`--verbose` adds `describe`'s
+    technical line: device, weight format, BLAS)."""
+    if mx.default_device() != mx.cpu:
+        return "GPU"
+    fmt = weights_format(model)
+    if fmt.startswith("native"):
+        words = f"CPU, the file's {fmt.removeprefix('native ')} weights"
+    elif blas_name() == "MLX's BLAS":
+        words = "CPU, slow path (no OpenBLAS found: see entropix-mlx doctor)"
+    else:
+        words = "fast CPU path"
+    return f"{words} ({blas_refused()})" if blas_refused() else words
+
+
+def header(source, sampler, seed: int, model=None, verbose: bool = False) -> str:
+    path = []
+    if model is not None:
+        path = [compute_path(model)] + ([backend.describe(model)] if verbose else [])
+    parts = [source.name, *path, f"sampler {sampler.name}"]
     config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
@@ -153,6 +177,9 @@ def run(
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     json_lines: Annotated[
         bool, typer.Option("--json", help='JSON Lines on stdout: one object per token, then {"summary": ...}.')
@@ -164,6 +191,7 @@ def run(
         typer.Option("--html", help="Also write the answer as a self-contained HTML page (the server page's export)."),
     ] = None,
     budget: BudgetOpt = None,
+    verbose: VerboseOpt = False,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
@@ -208,7 +236,10 @@ def run(
             f"the answer stops after {room} tokens",
             style=render.META_STYLE,
         )
-    generation = generate(llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed)
+    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty, prompt=ids)
+    generation = generate(
+        llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed, penalties=penalties
+    )
 
     def show(event):
         if recorder is not None:
@@ -223,7 +254,7 @@ def run(
     try:
         try:
             if not json_lines:
-                err.print(header(source, chooser, seed, llm), style=render.META_STYLE)
+                err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
                 if color:
                     err.print(render.legend(sampler_strategies(chooser)))
                 if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish

@@ -8,7 +8,16 @@ import pytest
 from entropix_mlx.decode import prefill as prefill_module
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
-from entropix_mlx.model.cache import KVCache, PromptCache, cache_length, fork_cache, make_cache
+from entropix_mlx.model.cache import (
+    KVCache,
+    PromptCache,
+    SharedPrefixBatchCache,
+    SharedPrefixCache,
+    cache_length,
+    fork_cache,
+    make_cache,
+    visible_columns,
+)
 from entropix_mlx.sampling.samplers import GreedySampler
 
 
@@ -266,3 +275,37 @@ def test_a_prompt_cache_honours_the_models_context(tiny_model):
     with pytest.raises(ContextOverflowError):
         cache.update_and_fetch(*kv(3, start=4))
     assert positions(cache) == list(range(4))
+
+
+def _filled(n: int, cache=None) -> KVCache:
+    cache = cache if cache is not None else KVCache()
+    cache.update_and_fetch(mx.zeros((1, 1, n, 2)), mx.zeros((1, 1, n, 2)))
+    return cache
+
+
+@pytest.mark.parametrize("window", [2, 3, 6, 9])
+def test_shared_prefix_batch_windows_count_positions_not_columns(window):
+    """A row's padding sits between the shared prefix and its own keys: its
+    sliding window covers the same positions as in a cache of its own."""
+    from mlx_lm.models.base import create_causal_mask
+
+    prefix = _filled(4)
+    rows = [_filled(n, prefix.fork()) for n in (2, 6)]
+    merged = SharedPrefixBatchCache.merge_rows(prefix, rows)
+    mask = merged.make_mask(1, window_size=window)
+    pads = merged.left_padding.tolist()
+    assert pads == [4, 0]
+    for i, row in enumerate(rows):
+        expected = create_causal_mask(1, row.offset, window_size=window)
+        assert mx.array_equal(visible_columns(mask[i, 0], pads[i], prefix=4), expected)
+        assert not mask[i, 0, :, 4 : 4 + pads[i]].any()  # padding stays hidden
+
+
+def test_a_rollout_cache_windows_its_one_query():
+    from mlx_lm.models.base import create_causal_mask
+
+    parent = _filled(7)
+    rollout = SharedPrefixCache(parent, 3, 4)
+    rollout.update_and_fetch(mx.zeros((3, 1, 1, 2)), mx.zeros((3, 1, 1, 2)))
+    assert rollout.make_mask(1) is None
+    assert mx.array_equal(rollout.make_mask(1, window_size=3), create_causal_mask(1, 8, window_size=3))

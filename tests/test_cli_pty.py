@@ -104,7 +104,9 @@ ANSI = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
 
 
 def sgr_of(color: str) -> str:
-    """The SGR parameter of a standard colour name (30-37, bright 90-97)."""
+    """The SGR parameter of a standard colour name (30-37, bright 90-97, the terminal's own 39)."""
+    if color == "default":
+        return "39"
     if color.startswith("bright_"):
         return str(90 + ANSI.index(color.removeprefix("bright_")))
     return str(30 + ANSI.index(color))

@@ -485,3 +485,96 @@ def test_closed_pipe_exits_quietly():
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0
     assert err == ""
+
+
+def test_run_and_chat_take_the_repetition_penalties(tiny_ref):
+    """The tiny model loops under greedy decoding; --repetition-penalty stops it in
+    `run` and in `chat`, and a penalty that cannot work is one line, exit 2."""
+
+    def tokens(*options):
+        code, out, err = invoke(
+            "run", "-m", tiny_ref, "a b", "--sampler", "greedy", "--max-tokens", "10", "--json", *options
+        )
+        assert code == 0, err
+        return [json.loads(line)["token"] for line in out.splitlines() if '"token"' in line]
+
+    plain = tokens()
+    assert len(set(plain)) < len(plain)
+    penalised = tokens("--repetition-penalty", "50")
+    assert len(penalised) == len(set(penalised)) == 10
+    assert tokens("--presence-penalty", "2", "--frequency-penalty", "-1") != penalised
+    saved = tiny_ref + ".json"
+    for options in ([], ["--repetition-penalty", "50"]):
+        script = f"a b\n/save {saved}\n"
+        code, _, err = invoke(
+            "chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "8", *options, input=script
+        )
+        assert code == 0, err
+        data = json.loads(Path(saved).read_text())
+        said = [t["token"] for t in data["turns"][0]["tokens"]]
+        assert (len(said) == len(set(said))) == bool(options), said
+        # /save records the penalties, so the conversation can be replayed
+        assert data.get("penalties") == (
+            {"presence": 0.0, "frequency": 0.0, "repetition": 50.0, "window": 64} if options else None
+        )
+    for bad in (["--repetition-penalty", "0"], ["--presence-penalty", "3"]):
+        code, _, err = invoke("run", "-m", tiny_ref, "a b", *bad)
+        assert code == 2 and bad[0] in err and "Traceback" not in err
+
+
+def test_no_help_shows_a_type_after_an_on_off_flag():
+    """Flags take no value: no command's --help writes `<bool>` after one (Typer
+    0.29 did, for --json, --raw, --no-color, --help ...), while options that take
+    a value keep their type."""
+    from entropix_mlx.cli.app import app, register_commands
+
+    register_commands()
+    names = [None] + [c.name or c.callback.__name__.removesuffix("_cmd") for c in app.registered_commands]
+    assert len(names) > 8
+    for name in names:
+        code, out, err = invoke(*([name] if name else []), "--help")
+        assert code == 0 and "--help" in out, (name, err)
+        assert "<bool>" not in out, name
+    assert "<int>" in invoke("run", "--help")[1]
+
+
+def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch):
+    """'fast CPU path', not 'float32 weights · OpenBLAS + thin kernels': the
+    technical line only with --verbose."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    monkeypatch.setattr(run_cmd, "blas_name", lambda: "OpenBLAS + thin kernels")
+    monkeypatch.setattr(run_cmd.backend, "blas_name", lambda: "OpenBLAS + thin kernels")
+    model = run_cmd._MODELS[(tiny_ref, "auto")][0]
+    model.set_dtype(mx.float32)
+    code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2")
+    head = err.splitlines()[0]
+    assert code == 0 and "fast CPU path" in head
+    assert not any(word in head for word in ("float32", "OpenBLAS", "kernels", "weights"))
+    code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2", "--verbose")
+    assert code == 0 and "fast CPU path" in err and "float32 weights · OpenBLAS + thin kernels" in err
+    monkeypatch.setattr(run_cmd, "blas_name", lambda: "MLX's BLAS")
+    assert "no OpenBLAS found" in invoke("run", "-m", tiny_ref, "hi", "--max-tokens", "1")[2]
+
+
+@pytest.mark.slow
+def test_the_readmes_first_command_answers_right_and_greedy_does_not():
+    """The README's set-up command ends with one question; the default sampler
+    answers it right on the bundled model, and greedy (as the README says) does not."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("python3 -m venv"))
+    run_part = command.split("&& entropix-mlx ")[-1]
+    import shlex
+
+    args = shlex.split(run_part)
+    assert args[:2] == ["run", "How many legs does a spider have?"] and "--max-tokens" in args
+
+    def answer(*extra):
+        code, out, err = invoke(*args, "--json", *extra)
+        assert code == 0, err
+        return "".join(json.loads(line).get("text", "") for line in out.splitlines()[:-1])
+
+    assert re.search(r"\b8 legs\b", answer())
+    assert not re.search(r"\b8\b|eight", answer("--sampler", "greedy"))
+    assert "two pairs of legs" in answer("--sampler", "greedy")  # what the README quotes

@@ -324,7 +324,7 @@ def bad_refs(tmp_path_factory, source_model):
     (root / "no-config").mkdir()
     mx.save_safetensors(str(root / "no-config" / "model.safetensors"), {"x": mx.zeros((2,))})
     write_hf_dir(root / "wrong-shapes", source_model, {**HF_CONFIG, "intermediate_size": 256})
-    write_hf_dir(root / "mistral-dir", source_model, {**HF_CONFIG, "model_type": "mistral"})
+    write_hf_dir(root / "gpt2-dir", source_model, {**HF_CONFIG, "model_type": "gpt2"})
     (root / "no-weights").mkdir()
     (root / "no-weights" / "config.json").write_text(json.dumps(HF_CONFIG))
     no_tokenizer = write_hf_dir(root / "no-tokenizer", source_model, HF_CONFIG)
@@ -339,7 +339,7 @@ def bad_refs(tmp_path_factory, source_model):
         "gemma": (str(gemma), UnsupportedModelError, ["'gemma'", "llama, qwen2, qwen3, phi3, gemma3"]),
         "no-config": (str(root / "no-config"), ModelLoadError, ["config.json"]),
         "wrong-shapes": (str(root / "wrong-shapes"), ModelLoadError, ["weights", "shape"]),
-        "mistral-dir": (str(root / "mistral-dir"), UnsupportedModelError, ["mistral"]),
+        "gpt2-dir": (str(root / "gpt2-dir"), UnsupportedModelError, ["'gpt2'", "llama, mistral, qwen2"]),
         "no-weights": (str(root / "no-weights"), ModelLoadError, ["safetensors"]),
         "no-tokenizer": (str(no_tokenizer), ModelLoadError, ["tokenizer"]),
         "incomplete-config": (str(incomplete), ModelLoadError, ["config.json", "num_hidden_layers"]),
@@ -355,7 +355,7 @@ def bad_refs(tmp_path_factory, source_model):
         "gemma",
         "no-config",
         "wrong-shapes",
-        "mistral-dir",
+        "gpt2-dir",
         "no-weights",
         "no-tokenizer",
         "incomplete-config",

@@ -103,8 +103,8 @@ def test_tokens_stream_in_with_their_strategy_colour(answered):
         assert strategy in legend_names
         color = tokens.nth(i).evaluate("e => getComputedStyle(e).color")
         assert color == rgb(info["colors"][strategy])
-    # The terminal's colours: run.svg's theme, e.g. argmax is rich's "green".
-    assert info["colors"]["argmax"] == "#98a84b"
+    # The terminal's colours: run.svg's theme, e.g. argmax is its text colour (rich's "default").
+    assert info["colors"]["argmax"] == "#c5c8c6"
 
 
 def test_chart_shows_entropy_varentropy_and_thresholds(answered):
@@ -271,4 +271,71 @@ def test_the_page_names_its_icon_and_an_empty_chart_names_no_token_0(server, bro
             .map((t) => t.textContent).filter((t) => t.startsWith('token')); }); }"""
     )
     assert labels == [["token 1"], ["token 1"], ["token 1", "token 2"]]  # no "token 0" while it starts
+    page.close()
+
+
+CARD = {"low_entropy": 1.9112, "low_varentropy": 6.3016, "medium_entropy": 3.3035, "high_entropy": 20.0}
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [
+        {**CARD, "high_varentropy": 6.3016},  # the bundled card: two at 6.3, high_entropy at the top
+        dict.fromkeys(["low_entropy", "medium_entropy", "high_entropy", "low_varentropy", "high_varentropy"], 2.0),
+        {"low_entropy": 0.0, "medium_entropy": 0.05, "high_entropy": 0.1, "high_varentropy": 9.9},
+    ],
+)
+def test_chart_labels_never_overlap_and_no_line_crosses_the_legend(browser, thresholds):
+    """Every text of the chart (axis labels, threshold labels, the series'
+    legend) has a box of its own inside the chart, and no threshold line runs
+    through the series' legend."""
+    from entropix_mlx.server.export import STATIC
+
+    page = browser.new_page()
+    css, script = (STATIC / "style.css").read_text(), (STATIC / "view.js").read_text()
+    page.set_content(f"<style>{css}</style><svg class='chart' id='c'></svg><script>{script}</script>")
+    tokens = [{"entropy": (i % 7) / 2, "varentropy": (i % 5) * 2} for i in range(40)]
+    boxes = page.evaluate(
+        """([tokens, thresholds]) => { const svg = document.getElementById('c');
+        EntropixView.chart(svg, tokens, thresholds);
+        const box = (e) => { const b = e.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height, e.textContent]; };
+        return { texts: [...svg.querySelectorAll('text')].map(box),
+                 lines: [...svg.querySelectorAll('line[data-threshold]')].map((l) => [+l.getAttribute('x1'),
+                   +l.getAttribute('y1'), +l.getAttribute('x2'), l.dataset.threshold]) }; }""",
+        [tokens, thresholds],
+    )
+    texts = boxes["texts"]
+    assert len([t for t in texts if "_" in t[4]]) == len(thresholds)  # a label per threshold
+    for a, b in ((a, b) for i, a in enumerate(texts) for b in texts[i + 1 :]):
+        assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a[4], b[4])
+    for x0, y0, x1, y1, text in texts:
+        assert 0 <= x0 and x1 <= 980 and 0 <= y0 and y1 <= 190, text
+    legend = [t for t in texts if t[4].startswith("—")]
+    assert len(legend) == 2
+    for lx0, ly, lx1, name in boxes["lines"]:
+        for x0, y0, x1, y1, text in legend:
+            assert not (y0 <= ly <= y1 and lx0 <= x1 and x0 <= lx1), (name, text)
+    page.close()
+
+
+def test_the_empty_page_says_what_to_do_until_the_first_answer(server, browser):
+    page = browser.new_page()
+    page.goto(server[0] + "/")
+    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
+    if page.locator("#api-key").is_visible():
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+    page.locator("#legend .entry").first.wait_for()
+    hint = page.locator("#hint")
+    assert hint.is_visible() and "question" in hint.inner_text() and "hover" in hint.inner_text()
+    page.fill("#max-tokens", "2")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    page.wait_for_function(
+        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+        timeout=120_000,
+    )
+    assert hint.is_hidden()
+    page.click("#new-chat")
+    assert hint.is_visible()  # a new chat is an empty page again
     page.close()

@@ -217,11 +217,12 @@ def test_page_colours_are_the_terminal_recordings():
         color = Style.parse(style).color
         return (color.get_truecolor(SVG_EXPORT_THEME) if color else SVG_EXPORT_THEME.foreground_color).hex
 
-    for style in [*STRATEGY_COLORS.values(), *SPARE_COLORS, *THEME_COLORS, "bold", "green bold italic"]:
+    for style in [*STRATEGY_COLORS.values(), *SPARE_COLORS, *THEME_COLORS, "bold", "green bold italic", "default"]:
         assert css_color(style) == rich_hex(style), style
     info = page_info(["entropix", "greedy", "deliberate", "no-such-sampler"])
     assert info["background"] == SVG_EXPORT_THEME.background_color.hex
-    assert info["colors"]["argmax"] == "#98a84b" and info["colors"]["split"] == info["colors"]["argmax"]
+    # argmax is the text colour (rich's "default"); split is argmax underlined.
+    assert info["colors"]["argmax"] == "#c5c8c6" and info["colors"]["split"] == info["colors"]["argmax"]
     assert info["decorations"] == {
         name: [d for d in DECORATIONS if getattr(Style.parse(s), d)]
         for name, s in STRATEGY_COLORS.items()

@@ -119,3 +119,30 @@ def test_unknown_paths_and_methods_get_an_openai_error(tiny_server):
     for method, path, status in (("GET", "/v1/chat/completions", 405), ("POST", "/v1/nothing", 404)):
         got, data = request(port, method, path, b"{}", {"Content-Type": "application/json"})
         assert got == status and set(json.loads(data)["error"]) == {"message", "type", "param", "code"}
+
+
+def test_penalties_reach_every_sampler_and_json_mode_is_refused(tiny_server):
+    """The tiny model repeats its prompt's last character under greedy decoding;
+    with a strong repetition penalty no sampler repeats a token, batched
+    (per-step samplers) or alone (deliberate). JSON mode is a 400 naming it."""
+    port, _ = tiny_server
+
+    def tokens(**fields):
+        body = {"prompt": "question q", "max_tokens": 12, "seed": 1, **fields}
+        chunks = stream(port, "/v1/completions", body)
+        return [r["token"] for c in chunks for r in (c["choices"][0]["entropix"] if c["choices"] else [])]
+
+    plain = tokens(sampler="greedy")
+    assert len(set(plain)) < len(plain)
+    for sampler in ("greedy", "entropix", "min_p", "temperature", "deliberate"):
+        out = tokens(sampler=sampler, repetition_penalty=50.0)
+        assert len(out) == len(set(out)) and len(out) > 1, (sampler, out)
+    for fmt, status in (({"type": "json_object"}, 400), ({"type": "text"}, 200)):
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "response_format": fmt}
+        got, data = request(
+            port, "POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        assert got == status, data
+        if status == 400:
+            error = json.loads(data)["error"]
+            assert error["param"] == "response_format" and "json_object" in error["message"]

@@ -93,8 +93,9 @@ class Conversation:
                 f"this model's tokenizer has no usable chat template ({e}); chat needs an instruction-tuned model"
             ) from None
 
-    def ask(self, user: str, sampler, max_tokens: int = 256, seed: int = 0) -> Turn:
+    def ask(self, user: str, sampler, max_tokens: int = 256, seed: int = 0, penalties=None) -> Turn:
         """Start a turn: trim the cache to what still matches, return the Turn to iterate.
+        `penalties` (sampling/penalties.py) see the whole conversation as the prompt.
 
         Raises ContextOverflowError, before touching the cache, when the history
         plus the new message no longer fits the context."""
@@ -109,9 +110,8 @@ class Conversation:
         keep = common_prefix_length(self.cached_tokens, ids)
         keep = min(keep, len(ids) - 1)  # at least one token must run, to get the next logits
         self._truncate(keep)
-        generation = generate(
-            self.model, self.tokenizer, ids[keep:], sampler, max_tokens=max_tokens, seed=seed, cache=self.cache
-        )
+        penalties = penalties.after(ids) if penalties is not None else None
+        generation = generate(self.model, self.tokenizer, ids[keep:], sampler, max_tokens, seed, self.cache, penalties)
         self._open = Turn(user, ids, len(ids) - keep, generation, getattr(sampler, "name", ""), seed)
         return self._open
 

@@ -196,12 +196,13 @@ class DeliberateGeneration:
         max_tokens: int = 256,
         seed: int = 0,
         cache=None,
+        penalties=None,
     ):
         if len(prompt_tokens) == 0:
             raise ConfigError("the prompt has no tokens; give some text")
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.prompt_tokens, self.max_tokens, self.seed = list(prompt_tokens), max_tokens, seed
-        self.cache = cache
+        self.cache, self.penalties = cache, penalties
         self.tokens: list[int] = []
         self.events: list[TokenEvent] = []
         self.finish_reason = "running"
@@ -221,7 +222,7 @@ class DeliberateGeneration:
         # their number matters, so stand-ins take their place in the prompt.
         prompt = [0] * held + self.prompt_tokens
         prefix = prompt[:-1] if held == 0 else prompt[:held]
-        request = Request(prompt, self.seed, self.max_tokens)
+        request = Request(prompt, self.seed, self.max_tokens, self.penalties)
 
         def seen(index, result):
             self._spent += len(result.tokens) - (result.split or 0)
@@ -285,8 +286,10 @@ class Deliberator:
         self.config = config or DeliberateConfig()
         self.config_source = f"deliberate settings: {source}"
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None) -> DeliberateGeneration:
-        return DeliberateGeneration(model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache)
+    def generate(
+        self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None
+    ) -> DeliberateGeneration:
+        return DeliberateGeneration(model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache, penalties)
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
         return eval_rows(model, tokenizer, requests, self.config, answer_of, batch_size, prefix)

@@ -29,12 +29,13 @@ class Generation:
         max_tokens: int = 256,
         seed: int = 0,
         cache=None,
+        penalties=None,
     ):
         if len(prompt_tokens) == 0:  # the next token's logits need at least one position
             raise ConfigError("the prompt has no tokens; give some text")
         self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
         self.prompt_tokens = list(prompt_tokens)
-        self.max_tokens, self.seed = max_tokens, seed
+        self.max_tokens, self.seed, self.penalties = max_tokens, seed, penalties
         self.cache = cache if cache is not None else make_cache(model)
         self.tokens: list[int] = []  # every token of the answer, in order
         self.events: list[TokenEvent] = []
@@ -64,7 +65,10 @@ class Generation:
 
         while len(self.tokens) < self.max_tokens:
             key, step_key = mx.random.split(key)
-            step = Step(logits[0, -1], [s[0] for s in scores], self.tokens, model, cache)
+            step_logits = logits[0, -1]
+            if self.penalties is not None:
+                step_logits = self.penalties.apply(step_logits, self.tokens)
+            step = Step(step_logits, [s[0] for s in scores], self.tokens, model, cache, self.penalties)
             choice = self.sampler.choose(step, step_key)
             tokens = choice.tokens[: self.max_tokens - len(self.tokens)]
             self.thinking_insertions += choice.inserted
@@ -123,7 +127,7 @@ class Decoder(Protocol):
 
     name: str
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None): ...
+    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None): ...
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None): ...
 
@@ -136,8 +140,10 @@ class StepDecoder:
         self.sampler, self.name = sampler, getattr(sampler, "name", "sampler")
         self.make_sampler = make_sampler  # one sampler per batch slot: they keep per-answer state
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None) -> Generation:
-        return Generation(model, tokenizer, prompt_tokens, self.sampler, max_tokens, seed, cache)
+    def generate(
+        self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None
+    ) -> Generation:
+        return Generation(model, tokenizer, prompt_tokens, self.sampler, max_tokens, seed, cache, penalties)
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
         if self.make_sampler is None:
@@ -150,7 +156,8 @@ def as_decoder(sampler, make_sampler=None) -> Decoder:
     return sampler if isinstance(sampler, Decoder) else StepDecoder(sampler, make_sampler)
 
 
-def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None):
+def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None, penalties=None):
     """One answer to `prompt_tokens` (after what `cache` holds): iterate it for
-    `TokenEvent`s; `summary()` at any time."""
-    return as_decoder(sampler).generate(model, tokenizer, prompt_tokens, max_tokens, seed, cache)
+    `TokenEvent`s; `summary()` at any time. `penalties` (sampling/penalties.py)
+    change the logits before the sampler sees them."""
+    return as_decoder(sampler).generate(model, tokenizer, prompt_tokens, max_tokens, seed, cache, penalties)

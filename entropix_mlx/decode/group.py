@@ -5,7 +5,7 @@ admits waiting requests into the freed slots and starts the next pass."""
 import mlx.core as mx
 
 from ..model.cache import PromptCache, RowsKVCache, SharedPrefixBatchCache, fork_cache, make_cache, visible_key_mask
-from ..model.llama import Segment
+from ..model.transformer import Segment
 from ..sampling.samplers import choose_together
 from .prefill import SINGLE_PASS_TOKENS, prefill
 from .rows import Row, RowCache, RowScores

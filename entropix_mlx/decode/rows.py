@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ..model.cache import KVCache, visible_columns
+from ..sampling.penalties import Penalties
 from ..sampling.samplers import Choice, Sampler, Step
 
 
@@ -16,6 +17,7 @@ class Request:
     prompt: list[int]  # token ids, chat template applied
     seed: int = 0  # the row's key chain starts at mx.random.key(seed), as in `generate`
     max_tokens: int = 256
+    penalties: Penalties | None = None  # applied to the logits before the sampler sees them
 
 
 @dataclass
@@ -114,7 +116,8 @@ class Row:
         the position and the token (so it does not depend on the batch)."""
         at = self.split_point
         seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
-        row = Row(self.index, Request(self.request.prompt, seed, self.request.max_tokens), sampler, number)
+        request = Request(self.request.prompt, seed, self.request.max_tokens, self.request.penalties)
+        row = Row(self.index, request, sampler, number)
         res, mine = row.result, self.result
         res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
         res.strategies, res.metrics = mine.strategies[:at], mine.metrics[:at]
@@ -150,7 +153,10 @@ class Row:
             return None
         # The key chain of `generate`: one split per sampler decision.
         self.key, step_key = mx.random.split(self.key)
-        return Step(self.logits, self.scores, self.result.tokens, model, row_cache), step_key
+        logits, penalties = self.logits, self.request.penalties
+        if penalties is not None:
+            logits = penalties.apply(logits, self.result.tokens)
+        return Step(logits, self.scores, self.result.tokens, model, row_cache, penalties), step_key
 
     def step(self, eos: set, choice: Choice | None) -> int | None:
         """Take `choice` (None: feed the queue). Returns the token to feed next;

@@ -7,6 +7,7 @@ model's context) and a cheap fork for branching and multi-turn chat.
 """
 
 import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.models.cache import KVCache as _MlxLmKVCache
 
@@ -124,10 +125,11 @@ class SharedPrefixCache:
         )
         return k, v
 
-    def make_mask(self, n_queries, **kwargs):
+    def make_mask(self, n_queries, window_size: int | None = None, **kwargs):
         if n_queries > 1:
             raise ValueError("rollouts feed one token per row")
-        return None
+        # No padding: key columns are positions, so only a sliding window hides keys.
+        return None if window_size is None else create_causal_mask(1, self.offset, window_size=window_size)
 
     def keep_row(self, i: int) -> None:
         """From now on only row i goes on (a branch decided early drops the others)."""
@@ -201,12 +203,17 @@ class SharedPrefixBatchCache(RowsKVCache):
             mx.concatenate([mx.broadcast_to(self.prefix_values, (rows, *self.prefix_values.shape[1:])), values], 2),
         )
 
-    def make_mask(self, n_queries: int, return_array: bool = False, **kwargs):
+    def make_mask(self, n_queries: int, return_array: bool = False, window_size: int | None = None, **kwargs):
         p, end = self.prefix_len, self.prefix_len + self._idx + n_queries
         keys = mx.arange(end)[None]
         queries = mx.arange(end - n_queries, end)[:, None]
         pad = self.left_padding[:, None, None, None]
-        return (queries >= keys) & ((keys < p) | (keys >= p + pad))
+        mask = (queries >= keys) & ((keys < p) | (keys >= p + pad))
+        if window_size is not None:
+            # By position, not column: a row's padding sits between the prefix and its own keys.
+            key_positions = mx.where(keys < p, keys, keys - pad)
+            mask = mask & (key_positions > queries - pad - window_size)
+        return mask
 
     @classmethod
     def merge_rows(cls, prefix: KVCache, caches: list[KVCache]) -> "SharedPrefixBatchCache":

@@ -1,5 +1,5 @@
 """`load(ref)`: the bundled model, a GGUF file, an HF/mlx-community directory or
-a Hugging Face repo id, into this project's Llama port and an mlx-lm tokenizer."""
+a Hugging Face repo id, into this project's port of its family and an mlx-lm tokenizer."""
 
 import importlib.util
 import json
@@ -13,10 +13,10 @@ from huggingface_hub import constants
 from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokenizer
 
 from ..accel.weights import check_weights, choose_weights, to_float32
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError
 from . import gguf
+from .families import model_classes
 from .gguf_check import read_header
-from .llama import Model, ModelArgs
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -106,12 +106,13 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
 
-def build_model(
-    config: dict, weights: dict, model_class=Model, args_class=ModelArgs, rope_freqs: mx.array | None = None
-):
-    """Instantiate `model_class` from an HF-style config and load the weights,
-    quantizing exactly the layers the weights say are quantized. Used for our
-    port and, in tests and `bench`, for mlx-lm's own Llama on the same weights."""
+def build_model(config: dict, weights: dict, model_class=None, args_class=None, rope_freqs: mx.array | None = None):
+    """Build the port of `config["model_type"]` from an HF-style config and
+    load HF-named weights, quantizing exactly the layers the weights say are
+    quantized. `model_class` and `args_class` replace the port (in tests and
+    `bench`: mlx-lm's own model on the same weights)."""
+    if model_class is None:
+        model_class, args_class = model_classes(config)
     model = model_class(args_class.from_dict(config))
     weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
     nn.quantize(
@@ -148,7 +149,7 @@ class FreqsRoPE(nn.Module):
         )
 
 
-def load_gguf(path: Path, model_class=Model, args_class=ModelArgs, native: bool = True):
+def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True):
     """`native`: quantized tensors stay quantized (gguf_tensors.py says how);
     otherwise they are read as float32 where that is more exact than requantizing."""
     g = gguf.read_gguf(path, native)
@@ -166,16 +167,13 @@ def load_directory(path: Path):
         raise ModelLoadError(f"cannot read {config_file}: {e}") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{config_file} is not a JSON object; it is not a model config")
-    if config.get("model_type") not in ("llama",):
-        raise UnsupportedModelError(
-            f"{path} holds a '{config.get('model_type')}' model; entropix-mlx runs Llama-architecture models only"
-        )
+    classes = model_classes(config, str(path))
     if not list(path.glob("model*.safetensors")):
         raise ModelLoadError(f"directory {path} has no model*.safetensors weights")
     try:
-        # mlx-lm builds the model and quantizes it as the config says; our class
-        # has mlx-lm's Llama parameter names, so its weights load unchanged.
-        model, config = load_model(path, get_model_classes=lambda config: (Model, ModelArgs))
+        # mlx-lm builds the model and quantizes it as the config says; our classes
+        # have mlx-lm's parameter names, so the weights load unchanged.
+        model, config = load_model(path, get_model_classes=lambda config: classes)
     except TypeError as e:  # ModelArgs(...) without a required hyper-parameter
         raise ModelLoadError(f"{config_file} is incomplete: {_first_line(e)}") from None
     except (ValueError, KeyError, OSError) as e:

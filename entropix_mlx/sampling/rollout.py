@@ -30,7 +30,9 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     decide = sampler.config.branch_decide_tokens or depth
     confidence = sampler.config.branch_select == "confidence"
     scored = sampler.config.branch_rollout == "scored" and sampler.config.repetition_penalty > 0
-    synced = scored or (confidence and bool(sampler.eos_tokens))  # each row's tokens known on the host
+    penalties = step.penalties
+    # each row's tokens known on the host
+    synced = scored or (confidence and bool(sampler.eos_tokens)) or penalties is not None
     eos = set(sampler.eos_tokens)
     ended = [t in eos for t, _ in cands]
     said = [list(step.tokens) + [t] for t, _ in cands]  # each row's answer so far (scored rollouts)
@@ -56,6 +58,8 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
             break  # the path is handed out only up to here: rolling on would be thrown away
         logits, _ = step.model(path[-1][:, None], rollout)  # scores unused (never computed: lazy)
         lp = logits[:, -1].astype(mx.float32)
+        if penalties is not None:  # the request's penalties along each row's own path
+            lp = mx.stack([penalties.apply(lp[i], row) for i, row in enumerate(said)])
         lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
         nxt = mx.argmax(lp + _rows_bias(sampler, said, lp.shape[-1]) if scored else lp, axis=-1)
         if confidence:

@@ -27,6 +27,9 @@ class Step:
     tokens: list[int]  # tokens generated so far in this answer
     model: Any = None  # for samplers that roll out branches
     cache: Any = None  # the KV cache after the last token (fork before writing)
+    # Already applied to `logits`; a sampler that runs the model further applies
+    # them along its own paths (Entropix's branch rollouts).
+    penalties: Any = None
 
 
 @dataclass

@@ -1,17 +1,23 @@
 """How each strategy looks: one style per strategy, argmax included, so that a
 reader of the terminal or the page can tell each token's origin. Styles are
-plain style strings ("green underline"): the terminal hands them to Rich, the
-server turns them into CSS."""
+plain style strings ("default underline"): the terminal hands them to Rich, the
+server turns them into CSS.
+
+argmax, the model's own first choice and most of any answer, is the terminal's
+own text colour ("default"), so the other decisions stand out. The colours that
+share a legend stay apart also for protanopes, deuteranopes and tritanopes
+(tests/test_colours.py); the theme's green and yellow, once argmax's and
+branch's, nearly merge for the first two."""
 
 # The stable strategy names of the samplers (entropix: the first five; baselines: argmax, sample).
 STRATEGY_COLORS = {
-    "argmax": "green",
+    "argmax": "default",
     "think": "magenta",
     "branch": "yellow",
     "resample": "red",
     "adaptive": "bright_blue",
     "sample": "cyan",
-    "split": "green underline",  # deliberate: a greedy token where branches split off (marked)
+    "split": "default underline",  # deliberate: a greedy token where branches split off (marked)
 }
 # For strategies a future sampler may add: still one distinct colour each.
 SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]

@@ -27,6 +27,7 @@ from ..decode.prompt import encode_chat, encode_raw
 from ..decode.registry import SAMPLER_NAMES, make_sampler
 from ..errors import ConfigError
 from ..sampling.config import THRESHOLDS, resolve_config
+from ..sampling.penalties import make_penalties
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse
@@ -115,7 +116,9 @@ class Server:
             )
             max_tokens = room
         seed = p.seed if p.seed is not None else random_seed()
-        return Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop), warnings
+        # Every sampler, greedy and deliberate included: they change the logits, not the sampling.
+        penalties = make_penalties(**p.penalties, prompt=ids)
+        return Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop, penalties), warnings
 
     # -- endpoints -------------------------------------------------------
 

@@ -33,7 +33,7 @@ class _Slot:
         self.sampler = recording(job.sampler, job.top_logprobs)
         self.text = TextStream(tokenizer)
         self.scanner = StopScanner(job.stop)
-        self.request = Request(job.ids, job.seed, job.max_tokens)
+        self.request = Request(job.ids, job.seed, job.max_tokens, job.penalties)
         self.cache, self.cached = cache, cached
         self.row = None
         self.sent = 0  # tokens handed to the request so far

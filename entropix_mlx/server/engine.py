@@ -35,6 +35,7 @@ class Job:
     logprobs: bool = False  # an OpenAI logprobs entry per token
     top_logprobs: int = 0  # alternatives per token (0: none computed)
     stop: list[str] = field(default_factory=list)
+    penalties: object = None  # sampling/penalties.py, bound to this prompt (None: off)
     cancelled: bool = False
     # Filled by `submit`: where the worker's events go.
     loop: asyncio.AbstractEventLoop | None = None
@@ -137,7 +138,9 @@ class Engine:
         that compare whole answers: they record no per-step alternatives)."""
         cache, cached = self.prefix_cache.take(job.ids)
         decoder = as_decoder(job.sampler)
-        generation = decoder.generate(self.model, self.tokenizer, job.ids[cached:], job.max_tokens, job.seed, cache)
+        generation = decoder.generate(
+            self.model, self.tokenizer, job.ids[cached:], job.max_tokens, job.seed, cache, penalties=job.penalties
+        )
         self.emit(job, "start", {"prompt_tokens": len(job.ids), "cached_tokens": cached})
         scanner = StopScanner(job.stop)
         finish = None

@@ -41,6 +41,7 @@ class Params:
     max_tokens: int | None = None
     seed: int | None = None
     overrides: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p (None: unset)
+    penalties: dict = field(default_factory=dict)  # presence, frequency, repetition (None: unset)
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0
@@ -144,6 +145,24 @@ def _stop(body) -> list[str]:
     return stop
 
 
+def _response_format(body):
+    """Only plain text: nothing here constrains an answer to JSON, and a client
+    that asks for it must not take an unconstrained answer for valid JSON."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise bad(
+            "response_format",
+            f"'response_format' of type {kind} is not supported: this server cannot constrain an answer "
+            "to JSON; leave the field out or give the type text, and ask for JSON in the prompt",
+        )
+    raise bad("response_format", f"'response_format' must be of type text, got {fmt!r}")
+
+
 def parse(body, chat: bool, sampler_names) -> Params:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", None)
@@ -171,6 +190,12 @@ def parse(body, chat: bool, sampler_names) -> Params:
         "top_k": _integer(body, "top_k", 0),
         "min_p": _number(body, "min_p", 0, 1, high_open=True),
     }
+    p.penalties = {
+        "presence": _number(body, "presence_penalty", -2, 2),
+        "frequency": _number(body, "frequency_penalty", -2, 2),
+        "repetition": _number(body, "repetition_penalty", 0, low_open=True),
+    }
+    _response_format(body)
     p.stop = _stop(body)
     if chat:
         p.logprobs = _boolean(body, "logprobs")

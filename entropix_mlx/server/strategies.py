@@ -1,8 +1,8 @@
 """Strategy colours for the page: the terminal's own (sampling/strategies.py), as
 the hex values of the theme `docs/run.svg` is drawn with (Rich's SVG export
 theme), so a token looks the same in the terminal recording and on the page. A
-style may add more than a colour (e.g. "green underline"): underline, bold and
-italic carry over as CSS."""
+style may add more than a colour (e.g. "default underline"): underline, bold and
+italic carry over as CSS; "default" is the theme's text colour."""
 
 from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, legend_strategies, strategy_color
 
@@ -32,7 +32,7 @@ THEME_BACKGROUND = "#292929"
 
 def css_color(style: str) -> str:
     colors = [word for word in style.split() if word not in DECORATIONS]
-    return THEME_COLORS[colors[0]] if colors else THEME_FOREGROUND
+    return THEME_COLORS[colors[0]] if colors and colors[0] != "default" else THEME_FOREGROUND
 
 
 def page_info(sampler_names, entropix_config=None) -> dict:

@@ -77,6 +77,7 @@
       try { await loadInfo(); } catch (e) { notice(e.message); return; }
     }
     state.busy = true;
+    $("hint").hidden = true;
     $("send").disabled = true;
     $("stop").hidden = false;
     addMessage("user", text);
@@ -175,7 +176,9 @@
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("sampler").addEventListener("change", showLegend);
-  $("new-chat").addEventListener("click", () => { if (!state.busy) { state.messages = []; $("chat").replaceChildren(); } });
+  $("new-chat").addEventListener("click", () => {
+    if (!state.busy) { state.messages = []; $("chat").replaceChildren(); $("hint").hidden = false; }
+  });
   $("export").addEventListener("click", exportAnswer);
   $("api-key").addEventListener("change", () => {
     localStorage.setItem("entropix-api-key", $("api-key").value);

@@ -123,8 +123,10 @@ const EntropixView = (() => {
   }
 
   // Entropy and varentropy per token, with the sampler's thresholds as dashed lines.
+  // The series' legend has a band of its own above the plot, so no threshold line
+  // crosses it; threshold labels sit in the right margin, a line apart at least.
   function chart(svg, tokens, thresholds) {
-    const W = 980, H = 190, L = 34, R = 150, T = 10, B = 22;
+    const W = 980, H = 190, L = 34, R = 150, T = 24, B = 22, LINE = 13;
     svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
     svg.setAttribute("preserveAspectRatio", "none");
     svg.replaceChildren();
@@ -154,21 +156,24 @@ const EntropixView = (() => {
     for (const [name, cls] of lines) {
       if (typeof t[name] !== "number" || t[name] > ymax) continue;
       add("line", { class: `threshold ${cls}`, "data-threshold": name, x1: L, x2: W - R, y1: y(t[name]), y2: y(t[name]) });
-      labels.push([y(t[name]) + 3, `${name} ${fmt(t[name], 2)}`, cls]);
+      labels.push({ y: y(t[name]) + 3, text: `${name} ${fmt(t[name], 2)}`, cls, name, order: labels.length });
     }
-    // Labels bottom-up, each at least a line above the one below, so close thresholds stay legible.
-    labels.sort((a, b) => b[0] - a[0]);
-    let floor = Infinity;
-    for (const [ly, text, cls] of labels) {
-      floor = Math.min(ly, floor - 11);
-      add("text", { x: W - R + 4, y: floor, class: `label ${cls}` }, text);
+    // Each label as near its line as the others allow: top-down at least a line apart,
+    // then bottom-up back inside the chart (equal thresholds get a label each, stacked).
+    labels.sort((a, b) => a.y - b.y || b.order - a.order);   // equal values: high_ above low_
+    const top = T + 2, bottom = H - B + 3;
+    labels.forEach((l, i) => { l.y = Math.max(l.y, top, i ? labels[i - 1].y + LINE : top); });
+    for (let i = labels.length - 1; i >= 0; i--) {
+      const l = labels[i];
+      l.y = Math.min(l.y, i < labels.length - 1 ? labels[i + 1].y - LINE : bottom);
     }
+    for (const l of labels) add("text", { x: W - R + 4, y: l.y, class: `label ${l.cls}`, "data-label": l.name }, l.text);
     for (const key of ["entropy", "varentropy"]) {
       const pts = tokens.map((k, i) => (typeof k[key] === "number" ? `${x(i)},${y(k[key])}` : null)).filter(Boolean);
       if (pts.length) add("polyline", { class: key, "data-series": key, points: pts.join(" ") });
     }
-    add("text", { x: L + 6, y: T + 10, style: "fill: var(--entropy)" }, "— entropy (bits)");
-    add("text", { x: L + 130, y: T + 10, style: "fill: var(--varentropy)" }, "— varentropy (bits²)");
+    add("text", { x: L + 6, y: T - 9, class: "series", style: "fill: var(--entropy)" }, "— entropy (bits)");
+    add("text", { x: L + 130, y: T - 9, class: "series", style: "fill: var(--varentropy)" }, "— varentropy (bits²)");
   }
 
   // A whole answer from data (an export): the conversation, the answer, its chart.
