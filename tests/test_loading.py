@@ -336,7 +336,7 @@ def bad_refs(tmp_path_factory, source_model):
         "missing": (str(root / "does-not-exist.gguf"), ModelLoadError, ["not found"]),
         "not-gguf": (str(root / "notes.txt"), ModelLoadError, ["GGUF"]),
         "truncated": (str(truncated), ModelLoadError, ["truncated"]),
-        "gemma": (str(gemma), UnsupportedModelError, ["gemma", "Llama"]),
+        "gemma": (str(gemma), UnsupportedModelError, ["'gemma'", "llama, qwen2, qwen3, phi3, gemma3"]),
         "no-config": (str(root / "no-config"), ModelLoadError, ["config.json"]),
         "wrong-shapes": (str(root / "wrong-shapes"), ModelLoadError, ["weights", "shape"]),
         "gpt2-dir": (str(root / "gpt2-dir"), UnsupportedModelError, ["'gpt2'", "llama, mistral, qwen2"]),

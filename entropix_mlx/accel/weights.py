@@ -82,14 +82,16 @@ def float32_bytes(model) -> int:
     return total
 
 
-def choose_weights(requested: str, model) -> str:
-    """`native` or `float32` for this model on this device."""
+def choose_weights(requested: str, model=None, float32_nbytes: int | None = None) -> str:
+    """`native` or `float32` for this model (or a model of `float32_nbytes` once
+    dequantized) on this device."""
     requested = check_weights(requested)
     if requested != "auto":
         return requested
     if mx.default_device() != mx.cpu or not _real_blas():
         return "native"
-    return "float32" if float32_bytes(model) <= FLOAT32_BUDGET_BYTES else "native"
+    nbytes = float32_bytes(model) if float32_nbytes is None else float32_nbytes
+    return "float32" if nbytes <= FLOAT32_BUDGET_BYTES else "native"
 
 
 def _real_blas() -> bool:

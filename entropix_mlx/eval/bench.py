@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream, stream_generate
-from mlx_lm.models import llama as mlx_lm_llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
@@ -61,7 +60,8 @@ from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
 from ..decode.registry import make_sampler
 from ..errors import ConfigError
-from ..model.loading import download, load, load_gguf
+from ..model.convert import cached_conversion
+from ..model.loading import download, load
 from .neighbour import busy_neighbour, cores
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
@@ -208,11 +208,12 @@ def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler
 
 
 def load_pair(ref: str | None, weights: str = "auto"):
-    """Our model (`weights` as for `load`), mlx-lm's own Llama on the same file in
-    the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""
+    """Our model (`weights` as for `load`), mlx-lm's own implementation of its family on
+    the same weights in the file's own format (what a user of mlx-lm gets: a GGUF file
+    goes through `convert`, cached), the tokenizer, the source."""
     ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
-        theirs, _ = load_gguf(source.path, mlx_lm_llama.Model, mlx_lm_llama.ModelArgs)
+        theirs, _ = load_model(cached_conversion(source.path))
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)

@@ -1,224 +1,211 @@
-"""Read a Llama-architecture GGUF file: hyper-parameters, weights, tokenizer.
+"""A GGUF file as a Hugging Face-style model: config, weights under HF / mlx-lm
+names, and a tokenizer.
 
-`mx.load` already decodes the tensors (Q4_0, Q4_1 and Q8_0 become MLX-quantized
-weights with group size 32; F16/F32 stay plain) and returns the metadata. What
-is left is renaming tensors to mlx-lm's Llama names, turning metadata into an
-HF-style config, and rebuilding the tokenizer from the vocabulary and merges.
+The header is read and checked by gguf_check.py, the tensors are decoded by
+llama.cpp's `gguf` package (gguf_tensors.py), the tokenizer is built by transformers'
+GGUF converters. What is left here is llama.cpp's naming and its few changes to the
+weights, undone per architecture (its convert_hf_to_gguf.py): Q/K rows permuted for
+the interleaved RoPE in `llama`, Gemma's RMSNorm weights stored as `1 + w`.
 """
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
-from .gguf_check import check_gguf
+from .gguf_check import GGUFHeader, read_header
+from .gguf_tensors import QUANTIZATION, TensorFile
 
-# The tokenizer stack (mlx_lm.tokenizer_utils, tokenizers, transformers) is imported in
-# the functions that rebuild a GGUF tokenizer, after TRANSFORMERS_VERBOSITY is set:
-# transformers reads it when first imported.
-
-SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF architecture -> HF model_type. Mistral files say `llama`.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
 
 
 _LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
 }
-
-
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
+_ARCH_LAYER_NAMES = {
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up fused, as in HF's Phi-3
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
 }
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-# Pre-tokenizer splits by `tokenizer.ggml.pre`, as llama.cpp defines them.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+@dataclass
+class GGUFModel:
+    config: dict  # HF-style, as a config.json would say
+    weights: dict  # HF / mlx-lm names -> mx.array; a quantized matrix as NAME.weight/.scales/.biases
+    quantization: dict  # HF module path -> {"bits", "group_size"} of each quantized matrix
+    rope_freqs: mx.array | None  # llama.cpp's Llama-3 RoPE factors, if the file has them
+    header: GGUFHeader
 
 
-def read_gguf(path: Path):
-    """Returns (weights, metadata) or raises ModelLoadError with a one-line reason."""
-    path = Path(path)
-    check_gguf(path)  # mx.load crashes the process on some corrupt headers
-    try:
-        weights, metadata = mx.load(str(path), return_metadata=True)
-    except Exception as e:  # mx.load raises ValueError/RuntimeError with C++ text
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(
-            f"cannot read GGUF file {path}: {reason} (is it truncated, corrupt, or using "
-            "tensor types other than Q4_0, Q4_1, Q8_0, F16, F32?)"
-        ) from None
-    return weights, metadata
+def architecture(header: GGUFHeader) -> str:
+    arch = header.metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{header.path} holds a '{arch}' model; entropix-mlx runs these GGUF architectures: "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    return arch
 
 
-def _scalar(metadata, key, default=None):
-    value = metadata.get(key, default)
-    if isinstance(value, mx.array):
-        return value.item()
+def read_gguf(path: Path, native: bool = True, hf_layout: bool = False) -> GGUFModel:
+    """Everything but the tokenizer. `native`: quantized tensors stay quantized
+    (gguf_tensors.py says how); otherwise every tensor but Q4_0/Q4_1/Q8_0 (kept
+    exactly, for to_float32) is dequantized to float32.
+
+    `hf_layout`: a `llama` file's Q/K rows go back to HF's order (for `convert`).
+    Without it they stay in llama.cpp's order and the config asks for the interleaved
+    ("traditional") RoPE, which gives the same model; it keeps each attention dot
+    product's sum in the order it has always had, so outputs stay bit for bit."""
+    header = read_header(path)
+    arch = architecture(header)
+    config = gguf_config(header, arch)
+    if arch == "llama" and not hf_layout:
+        config["rope_traditional"] = True
+    # Gemma's activations overflow float16: keep its quantization scales in float32.
+    scale_dtype = mx.float32 if arch == "gemma3" else mx.float16
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
+    data = TensorFile(header.path)
+    weights, quantization, rope_freqs = {}, {}, None
+    for info in header.tensors:
+        if info.name == "rope_freqs.weight":
+            rope_freqs = data.read(info, native=False)
+            continue
+        if info.name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            continue  # read into the config by gguf_config
+        name = hf_name(info.name, names, header.path)
+        value = data.read(info, native, scale_dtype)
+        value = _undo_llama_cpp(arch, name, value, config, hf_layout)
+        if isinstance(value, tuple):
+            base = name.removesuffix(".weight")
+            weights[name], weights[f"{base}.scales"], weights[f"{base}.biases"] = value
+            bits, group = QUANTIZATION[info.kind]
+            quantization[base] = {"group_size": group, "bits": bits}
+        else:
+            weights[name] = value
+    check_config(config, weights, header.path)
+    return GGUFModel(config, weights, quantization, rope_freqs, header)
+
+
+def hf_name(gguf_name: str, names: dict, path) -> str:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) >= 4 and parts[1].isdigit() and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{'.'.join(parts[3:])}"
+    if parts[0] in _TOP_NAMES and len(parts) == 2:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    raise UnsupportedModelError(f"{path} has a tensor '{gguf_name}' that this architecture does not use")
+
+
+def _undo_llama_cpp(arch: str, name: str, value, config: dict, hf_layout: bool):
+    if arch == "llama" and hf_layout and (".q_proj." in name or ".k_proj." in name):
+        heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+        return _map(value, lambda a: unpermute(a, heads))
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        return value.astype(mx.float32) - 1  # llama.cpp stores Gemma's (1 + w) norms as 1 + w
     return value
 
 
-def gguf_config(metadata: dict, weights: dict, path: Path) -> dict:
-    arch = metadata.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{path} holds a '{arch}' model; entropix-mlx runs Llama-architecture models only")
+def _map(value, f):
+    return tuple(f(v) for v in value) if isinstance(value, tuple) else f(value)
+
+
+def unpermute(w: mx.array, heads: int) -> mx.array:
+    """Undo convert_hf_to_gguf's `permute`: rows back from the interleaved RoPE layout
+    to HF's rotate-half layout (whole rows move, so a quantized matrix moves exactly)."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(header: GGUFHeader, arch: str) -> dict:
+    metadata, path = header.metadata, header.path
 
     def get(key, default=None):
-        return _scalar(metadata, f"{arch}.{key}", default)
+        return metadata.get(f"{arch}.{key}", default)
 
+    names = {t.name for t in header.tensors}
     try:
         n_heads = int(get("attention.head_count"))
         hidden = int(get("embedding_length"))
+        head_dim = int(get("attention.key_length", hidden // n_heads))
         config = {
-            "model_type": "llama",
+            "model_type": ARCHITECTURES[arch],
             "hidden_size": hidden,
             "num_hidden_layers": int(get("block_count")),
             "intermediate_size": int(get("feed_forward_length")),
             "num_attention_heads": n_heads,
             "num_key_value_heads": int(get("attention.head_count_kv", n_heads)),
-            "head_dim": int(get("attention.key_length", hidden // n_heads)),
+            "head_dim": head_dim,
             "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
             "rope_theta": float(get("rope.freq_base", 10000.0)),
             "max_position_embeddings": int(get("context_length", 2048)),
             "vocab_size": int(get("vocab_size", len(metadata["tokenizer.ggml.tokens"]))),
-            "tie_word_embeddings": "output.weight" not in weights,
-            # llama.cpp stores Q and K rows permuted for the interleaved
-            # ("traditional") RoPE layout; rotating that way undoes it.
-            "rope_traditional": True,
+            "tie_word_embeddings": "output.weight" not in names,
         }
     except (TypeError, KeyError, ValueError) as e:
         raise ModelLoadError(
             f"GGUF file {path} lacks a valid hyper-parameter ({e}); the file is incomplete or corrupt"
         ) from None
-    scaling_type = get("rope.scaling.type")
-    if scaling_type == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
-    elif scaling_type not in (None, "none"):
-        raise UnsupportedModelError(f"{path} uses RoPE scaling '{scaling_type}', which is not supported")
+    eos = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    config["eos_token_id"] = [int(i) for i in dict.fromkeys(eos) if isinstance(i, int)]
+    rotary = get("rope.dimension_count")
+    if arch == "phi3" and rotary:
+        config["partial_rotary_factor"] = int(rotary) / head_dim
+    if arch == "gemma3":
+        # Not in the file: llama.cpp's own defaults for Gemma 3 (src/llama-model.cpp).
+        config["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+        config["sliding_window"] = int(get("attention.sliding_window", 512))
+        config["sliding_window_pattern"] = 6
+        # llama.cpp scales queries by 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden/heads)
+        config["query_pre_attn_scalar"] = hidden // n_heads if config["num_hidden_layers"] == 62 else head_dim
+    config.update(_rope_scaling(header, arch, get))
     return config
 
 
-def gguf_weights(weights: dict) -> tuple[dict, mx.array | None]:
-    """GGUF tensor names to mlx-lm Llama names; also returns `rope_freqs` (the
-    Llama-3 frequency factors llama.cpp stores as a tensor), if any."""
-    renamed = {}
-    rope_freqs = None
-    for name, value in weights.items():
-        if name.startswith("rope_freqs."):
-            rope_freqs = value
-            continue
-        parts = name.split(".")
-        if parts[0] == "blk":
-            layer, kind, leaf = parts[1], parts[2], ".".join(parts[3:])
-            if kind not in _LAYER_NAMES or not layer.isdigit():
-                raise UnsupportedModelError(f"unexpected tensor '{name}' for a Llama model")
-            renamed[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"] = value
-        elif parts[0] in _TOP_NAMES:
-            renamed[f"{_TOP_NAMES[parts[0]]}.{'.'.join(parts[1:])}"] = value
-        else:
-            raise UnsupportedModelError(f"unexpected tensor '{name}' for a Llama model")
-    return renamed, rope_freqs
-
-
-def gguf_tokenizer(metadata: dict, path: Path):
-    """Rebuild the tokenizer as a Hugging Face fast tokenizer, wrapped like the
-    tokenizers mlx-lm returns (chat template, streaming detokenizer, EOS ids)."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModelError(
-            f"{path} uses a '{kind}' tokenizer; only byte-level BPE ('gpt2') GGUF tokenizers "
-            "are supported (use the model's Hugging Face directory instead)"
-        )
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    merges = metadata.get("tokenizer.ggml.merges")
-    types = metadata.get("tokenizer.ggml.token_type")
-    types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens or [])
-    if not (isinstance(tokens, list) and isinstance(merges, list) and len(types) == len(tokens)):
-        raise ModelLoadError(
-            f"GGUF file {path} lacks a complete tokenizer (vocabulary, merges, token types); "
-            "the file is incomplete or corrupt"
-        )
-    merges = [tuple(m.split(" ", 1)) for m in merges]
-
-    try:
-        tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    except Exception as e:  # the tokenizers library raises a bare Exception
-        raise ModelLoadError(f"GGUF file {path} has an inconsistent tokenizer ({e}); the file is corrupt") from None
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    pre = metadata.get("tokenizer.ggml.pre", "default")
-    if pre == "smollm":  # SmolLM splits digits one by one
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre == "llama-bpe":
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    else:
-        tokenizer.pre_tokenizer = byte_level
-    tokenizer.decoder = decoders.ByteLevel()
-    control = 3  # llama.cpp token type CONTROL
-    tokenizer.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == control]
-    )
-
-    def token_at(key):
-        i = _scalar(metadata, key)
-        return (tokens[i], i) if i is not None and 0 <= i < len(tokens) else (None, None)
-
-    bos, bos_id = token_at("tokenizer.ggml.bos_token_id")
-    eos, eos_id = token_at("tokenizer.ggml.eos_token_id")
-    unk, _ = token_at("tokenizer.ggml.unknown_token_id")
-    pad, _ = token_at("tokenizer.ggml.padding_token_id")
-    if bos is not None and _scalar(metadata, "tokenizer.ggml.add_bos_token", False):
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-        )
-
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=bos,
-        eos_token=eos,
-        unk_token=unk,
-        pad_token=pad or eos,
-        chat_template=metadata.get("tokenizer.chat_template"),
-    )
-    eos_ids = [eos_id] if eos_id is not None else []
-    _, eot_id = token_at("tokenizer.ggml.eot_token_id")
-    if eot_id is not None:
-        eos_ids.append(eot_id)
-    return TokenizerWrapper(hf, detokenizer_class=_streaming_detokenizer, eos_token_ids=eos_ids)
-
-
-def _streaming_detokenizer(tokenizer):
-    """mlx-lm's BPE streaming detokenizer, minus one thing: it drops the leading
-    space of a stream's first segment, which is right for tokenizers that add a
-    prefix space. GGUF byte-level BPE adds none, so that space is real text; keep
-    it, so the streamed segments always join to exactly `decode(tokens)`."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
-
-    detokenizer = BPEStreamingDetokenizer(tokenizer)
-    detokenizer._maybe_trim_space = lambda text: text  # tests/test_tokenizer.py checks this hook still works
-    return detokenizer
+def _rope_scaling(header: GGUFHeader, arch: str, get) -> dict:
+    kind = get("rope.scaling.type")
+    if "rope_factors_long.weight" in {t.name for t in header.tensors}:
+        data = TensorFile(header.path)
+        factors = {t.name: np.asarray(data.raw(t).view(np.float32)).ravel().tolist() for t in header.tensors}
+        return {
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": factors["rope_factors_long.weight"],
+                "short_factor": factors.get("rope_factors_short.weight", factors["rope_factors_long.weight"]),
+            },
+            "original_max_position_embeddings": int(get("rope.scaling.original_context_length", 4096)),
+        }
+    if kind == "linear":
+        return {"rope_scaling": {"type": "linear", "factor": float(get("rope.scaling.factor"))}}
+    if kind == "yarn":
+        return {
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": float(get("rope.scaling.factor")),
+                "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
+            }
+        }
+    if kind not in (None, "none"):
+        raise UnsupportedModelError(f"{header.path} uses RoPE scaling '{kind}', which is not supported")
+    return {}
 
 
 def check_config(config: dict, weights: dict, path) -> None:
@@ -229,16 +216,10 @@ def check_config(config: dict, weights: dict, path) -> None:
     def bad(what):
         return ModelLoadError(f"GGUF file {path} is inconsistent: {what}; the file is corrupt")
 
-    for key in (
-        "hidden_size",
-        "num_hidden_layers",
-        "intermediate_size",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "vocab_size",
-        "max_position_embeddings",
-    ):
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads"):
+        if config[key] <= 0:
+            raise bad(f"{key} is {config[key]}")
+    for key in ("num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
         if config[key] <= 0:
             raise bad(f"{key} is {config[key]}")
     for key in ("rms_norm_eps", "rope_theta"):
@@ -249,14 +230,25 @@ def check_config(config: dict, weights: dict, path) -> None:
         raise bad(f"block_count is {config['num_hidden_layers']} but the file has {len(layers)} layers")
     if config["num_attention_heads"] % config["num_key_value_heads"]:
         raise bad("the head count is not a multiple of the KV head count")
-    expected = {
-        "model.embed_tokens.weight": config["vocab_size"],
-        "model.layers.0.self_attn.q_proj.weight": config["num_attention_heads"] * config["head_dim"],
-        "model.layers.0.self_attn.k_proj.weight": config["num_key_value_heads"] * config["head_dim"],
-        "model.layers.0.mlp.gate_proj.weight": config["intermediate_size"],
-    }
+    heads, kv, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    expected = {"model.embed_tokens.weight": config["vocab_size"]}
+    if "model.layers.0.self_attn.qkv_proj.weight" in weights:
+        expected["model.layers.0.self_attn.qkv_proj.weight"] = (heads + 2 * kv) * head_dim
+    else:
+        expected["model.layers.0.self_attn.q_proj.weight"] = heads * head_dim
+        expected["model.layers.0.self_attn.k_proj.weight"] = kv * head_dim
     for name, rows in expected.items():
         if name not in weights:
             raise bad(f"tensor {name} is missing")
         if weights[name].shape[0] != rows:
             raise bad(f"tensor {name} has {weights[name].shape[0]} rows, the metadata implies {rows}")
+
+
+def gguf_tokenizer(metadata: dict, path):
+    """transformers' GGUF tokenizer for this file's metadata, wrapped like the
+    tokenizers mlx-lm returns (chat template, streaming detokenizer, EOS ids)."""
+    # transformers reads TRANSFORMERS_VERBOSITY when first imported, so it is imported here.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from .gguf_tokenizer import build_tokenizer
+
+    return build_tokenizer(metadata, path)

@@ -1,53 +1,58 @@
-"""Validate a GGUF file's header in Python before handing it to `mx.load`.
+"""Read and validate a GGUF file's header in Python, before any tensor is touched.
 
-`mx.load` trusts the header: a file with a corrupt length or offset makes it read
-out of bounds and the process dies (SIGSEGV/SIGBUS, seen on 17 of 60 randomly
-mutated headers), which no `try` can catch. So every length, count, type and
-offset is bounds-checked here first; a bad file becomes a `ModelLoadError`.
+Every length, count, type and offset is bounds-checked, so a corrupt file becomes a
+one-line `ModelLoadError` instead of an out-of-bounds read. The metadata values are
+decoded on the way; the tensor table says where each tensor lies. Decoding the
+tensors is `gguf`'s (gguf_tensors.py).
+
+Why not `gguf.GGUFReader` for the header: it builds a NumPy view per string, and a
+150k-token vocabulary then takes seconds longer than this reader (docs/models.md).
 """
 
+import re
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ModelLoadError
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..errors import ModelLoadError, UnsupportedModelError
 
 # GGUF metadata value types: id -> struct format of one scalar (strings/arrays apart).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
 _STRING, _ARRAY = 8, 9
 
 
-# Tensor types mx.load decodes: id -> (name, elements per block, bytes per block).
-TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
+# Tensor types this project reads: the plain ones and every type gguf.quants dequantizes.
+DEQUANTIZED = {
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+}  # fmt: skip
+PLAIN = {"F32", "F16", "BF16"}
+READABLE = PLAIN | DEQUANTIZED
 
 
-_GGML_NAMES = {
-    6: "Q5_0",
-    7: "Q5_1",
-    9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
-    12: "Q4_K",
-    13: "Q5_K",
-    14: "Q6_K",
-    15: "Q8_K",
-    16: "IQ2_XXS",
-    17: "IQ2_XS",
-    18: "IQ3_XXS",
-    19: "IQ1_S",
-    20: "IQ4_NL",
-    21: "IQ3_S",
-    22: "IQ2_S",
-    23: "IQ4_XS",
-    24: "I8",
-    25: "I16",
-    26: "I32",
-    27: "I64",
-    28: "F64",
-    29: "IQ1_M",
-    30: "BF16",
-}
+SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple  # NumPy order (rows, columns): GGUF's dimensions reversed
+    kind: str  # the GGML type's name: "Q4_K", "F32", ...
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass
+class GGUFHeader:
+    path: Path
+    metadata: dict = field(default_factory=dict)
+    tensors: list[TensorInfo] = field(default_factory=list)
 
 
 def _printable(raw: bytes) -> str:
@@ -76,32 +81,36 @@ class _Reader:
         n = self.unpack("Q", f"length of {what}")
         return self.read(n, what)
 
+    def text(self, what):
+        return self.string(what).decode("utf-8", "replace")
+
     def value(self, vtype, key, depth=0):
         if vtype in _SCALARS:
-            self.unpack(_SCALARS[vtype], f"value of {key}")
-        elif vtype == _STRING:
-            self.string(f"value of {key}")
-        elif vtype == _ARRAY and depth == 0:
+            return self.unpack(_SCALARS[vtype], f"value of {key}")
+        if vtype == _STRING:
+            return self.text(f"value of {key}")
+        if vtype == _ARRAY and depth == 0:
             item_type = self.unpack("I", f"array type of {key}")
             count = self.unpack("Q", f"array length of {key}")
-            if item_type in _SCALARS:  # fixed-size items: skip them in one bounds-checked read
-                self.read(count * struct.calcsize(_SCALARS[item_type]), f"array {key}")
-            elif item_type in (_STRING, _ARRAY):
+            if item_type in _SCALARS:  # fixed-size items: one bounds-checked read
+                raw = self.read(count * struct.calcsize(_SCALARS[item_type]), f"array {key}")
+                return np.frombuffer(raw, dtype=_NUMPY[item_type])
+            if item_type in (_STRING, _ARRAY):
                 if count > self.size:
                     raise self.bad(f"array {key} claims {count} items")
-                for _ in range(count):
-                    self.value(item_type, key, depth + 1)
-            else:
-                raise self.bad(f"array {key} has unknown item type {item_type}")
-        else:
-            raise self.bad(f"metadata {key} has unknown value type {vtype}")
+                return [self.value(item_type, key, depth + 1) for _ in range(count)]
+            raise self.bad(f"array {key} has unknown item type {item_type}")
+        raise self.bad(f"metadata {key} has unknown value type {vtype}")
 
 
-def check_gguf(path: Path) -> None:
-    """Raise ModelLoadError unless the header and tensor table are self-consistent
-    and every tensor lies inside the file in a type mx.load decodes."""
+def read_header(path: Path) -> GGUFHeader:
+    """The metadata and tensor table, or a ModelLoadError naming what is wrong:
+    not GGUF, one part of a split file, truncated, corrupt, or a tensor type that
+    cannot be read."""
     path = Path(path)
+    _check_split({}, path)  # by name first: a part cut short is still a part
     size = path.stat().st_size
+    header = GGUFHeader(path)
     with open(path, "rb") as f:
         r = _Reader(f, size, path)
         if r.read(4, "magic") != b"GGUF":
@@ -116,18 +125,15 @@ def check_gguf(path: Path) -> None:
         n_kv = r.unpack("Q", "metadata count")
         if n_tensors > size or n_kv > size:
             raise r.bad(f"header claims {n_tensors} tensors and {n_kv} metadata entries")
-        alignment = 32
         for _ in range(n_kv):
             key = _printable(r.string("metadata key"))
             vtype = r.unpack("I", f"type of {key}")
-            start = f.tell()
-            r.value(vtype, key)
-            if key == "general.alignment":
-                f.seek(start)
-                alignment = r.unpack(_SCALARS.get(vtype, "I"), key) if vtype in _SCALARS else 0
-                if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-                    raise r.bad(f"alignment {alignment} is not a power of two")
-        tensors = []
+            header.metadata[key] = r.value(vtype, key)
+        _check_split(header.metadata, path)
+        alignment = header.metadata.get("general.alignment", 32)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise r.bad(f"alignment {alignment} is not a power of two")
+        table = []
         for _ in range(n_tensors):
             name = _printable(r.string("tensor name"))
             n_dims = r.unpack("I", f"dimension count of {name}")
@@ -136,16 +142,16 @@ def check_gguf(path: Path) -> None:
             dims = [r.unpack("Q", f"shape of {name}") for _ in range(n_dims)]
             ttype = r.unpack("I", f"type of {name}")
             offset = r.unpack("Q", f"offset of {name}")
-            tensors.append((name, dims, ttype, offset))
+            table.append((name, dims, ttype, offset))
         data_start = -(-f.tell() // alignment) * alignment
-    for name, dims, ttype, offset in tensors:
-        if ttype not in TENSOR_TYPES:
-            kind = _GGML_NAMES.get(ttype, f"type {ttype}")
-            raise ModelLoadError(
-                f"{path}: tensor {name} is {kind}; entropix-mlx reads Q4_0, Q4_1, Q8_0, F16 and F32 "
-                "GGUF tensors only (convert the model to one of these)"
+    for name, dims, ttype, offset in table:
+        kind = _type_name(ttype)
+        if kind not in READABLE:
+            raise UnsupportedModelError(
+                f"{path}: tensor {name} has GGML type {kind}, which entropix-mlx cannot read "
+                f"(readable: {', '.join(sorted(READABLE))}); re-quantize the model to one of these"
             )
-        _, block, block_bytes = TENSOR_TYPES[ttype]
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
         count = 1
         for d in dims:
             if d == 0 or d > size * 2:
@@ -153,5 +159,32 @@ def check_gguf(path: Path) -> None:
             count *= d
         if dims[0] % block:
             raise r.bad(f"tensor {name}'s rows of {dims[0]} do not split into blocks of {block}")
-        if offset % alignment or data_start + offset + count // block * block_bytes > size:
+        nbytes = count // block * block_bytes
+        if offset % alignment or data_start + offset + nbytes > size:
             raise r.bad(f"tensor {name} lies outside the file")
+        header.tensors.append(TensorInfo(name, tuple(reversed(dims)), kind, data_start + offset, nbytes))
+    return header
+
+
+def check_gguf(path: Path) -> GGUFHeader:
+    return read_header(path)
+
+
+def _type_name(ttype: int) -> str:
+    try:
+        return GGMLQuantizationType(ttype).name
+    except ValueError:
+        return f"{ttype} (unknown)"
+
+
+def _check_split(metadata: dict, path: Path) -> None:
+    """llama.cpp's gguf-split writes `NAME-00001-of-00003.gguf` parts, each a GGUF
+    of its own with `split.count` set: one part is never the whole model."""
+    count = metadata.get("split.count", 1)
+    match = SPLIT_NAME.search(path.name)
+    if (isinstance(count, int) and count > 1) or (match and int(match.group(2)) > 1):
+        total = count if isinstance(count, int) and count > 1 else int(match.group(2))
+        raise ModelLoadError(
+            f"{path} is one part of a GGUF split into {total} files; join them into one file first "
+            "(llama.cpp: 'llama-gguf-split --merge FIRST-PART OUT.gguf') and load that"
+        )

@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..accel.weights import check_weights, choose_weights, to_float32
 from ..errors import ModelLoadError
 from . import gguf
 from .families import model_classes
+from .gguf_check import read_header
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -94,12 +96,15 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
-        model, tokenizer = load_gguf(source.path)
+        header = read_header(source.path)
+        fmt = choose_weights(weights, float32_nbytes=4 * sum(math.prod(t.shape) for t in header.tensors))
+        model, tokenizer = load_gguf(source.path, native=fmt == "native")
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         source = dataclasses.replace(source, path=path)  # a hub model: its snapshot, which names the revision
         model, tokenizer = load_directory(path)
-    if choose_weights(weights, model) == "float32":
+        fmt = choose_weights(weights, model)
+    if fmt == "float32":
         to_float32(model)
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
@@ -140,7 +145,7 @@ def build_model(config: dict, weights: dict, model_class=None, args_class=None, 
     if model_class is None:
         model_class, args_class = model_classes(config)
     model = model_class(args_class.from_dict(config))
-    weights = model.sanitize(weights)
+    weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
     nn.quantize(
         model,
         class_predicate=lambda p, m: (
@@ -175,19 +180,12 @@ class FreqsRoPE(nn.Module):
         )
 
 
-def read_gguf_model(path: Path):
-    """(config, weights in mlx-lm names, rope_freqs, metadata) of a GGUF file."""
-    weights, metadata = gguf.read_gguf(path)
-    config = gguf.gguf_config(metadata, weights, path)
-    weights, rope_freqs = gguf.gguf_weights(weights)
-    gguf.check_config(config, weights, path)
-    return config, weights, rope_freqs, metadata
-
-
-def load_gguf(path: Path, model_class=None, args_class=None):
-    config, weights, rope_freqs, metadata = read_gguf_model(path)
-    tokenizer = gguf.gguf_tokenizer(metadata, path)
-    return build_model(config, weights, model_class, args_class, rope_freqs), tokenizer
+def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True):
+    """`native`: quantized tensors stay quantized (gguf_tensors.py says how);
+    otherwise they are read as float32 where that is more exact than requantizing."""
+    g = gguf.read_gguf(path, native)
+    tokenizer = gguf.gguf_tokenizer(g.header.metadata, g.header.path)
+    return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
 
 
 def load_directory(path: Path):
