@@ -1,4 +1,5 @@
-"""`bench`: entropix-mlx against mlx-lm, in one process, on the same weights.
+"""`bench`: entropix-mlx against mlx-lm, in one process, on the same weights
+(or under `mlx.launch`, both split across the ranks: see `load_pair`).
 
 Three variants generate the same number of tokens from the same prompt:
 
@@ -54,6 +55,7 @@ from ..decode.generate import generate
 from ..decode.registry import make_sampler
 from ..errors import ConfigError
 from ..model.loading import download, load, load_gguf
+from ..model.sharding import shard
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
 
@@ -198,15 +200,21 @@ def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler
     )
 
 
-def load_pair(ref: str | None, weights: str = "auto"):
+def load_pair(ref: str | None, weights: str = "auto", group=None):
     """Our model (`weights` as for `load`), mlx-lm's own Llama on the same file in
-    the file's own format (what a user of mlx-lm gets), the tokenizer, the source."""
+    the file's own format (what a user of mlx-lm gets), the tokenizer, the source.
+    With `group` (a launch of several ranks): both split across its ranks, each
+    the way its own project splits it, so every rank runs the bench in lockstep."""
     ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
         theirs, _ = load_gguf(source.path, mlx_lm_llama.Model, mlx_lm_llama.ModelArgs)
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)
+    if group is not None:
+        shard(ours, group)
+        theirs.shard(group)
+        mx.eval(theirs.parameters())
     return ours, theirs, tokenizer, source
 
 
