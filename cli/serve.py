@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.distributed import world
+from entropix_mlx.distributed import run_on_root, world
 from entropix_mlx.errors import ConfigError
 
 from .options import ModelOpt, WeightsOpt
@@ -80,8 +80,7 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave the option out")
     w = world()  # under mlx.launch: the model is split, rank 0 serves and the others follow it
-    if w.root:
-        _check_address(host, port)
+    run_on_root(w, lambda: _check_address(host, port))  # the others stop quietly when it fails
     llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)
     quiet_unless_root(w)
     if w.root and not _is_loopback(host) and not api_key:

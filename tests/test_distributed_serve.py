@@ -5,6 +5,7 @@ ends every rank."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,3 +130,20 @@ def test_ctrl_c_ends_every_rank(model_file, tmp_path):
         streamed(url)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the launcher and every rank
         assert group_ends(proc, 60), (tmp_path / "two.log").read_text()
+
+
+def test_a_taken_port_is_one_line_from_rank_0(model_file):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "entropix_mlx", "serve", "-m", str(model_file), "--port", str(port)]
+        done = subprocess.run(
+            [*LAUNCH, "-n", "2", "--starting-port", str(free_port()), "--", *command],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+        )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: cannot listen on 127.0.0.1:{port} (Address already in use); choose another --port"]
+    assert "Traceback" not in done.stderr
