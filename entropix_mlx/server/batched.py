@@ -65,6 +65,11 @@ class BatchRunner:
         self.slots[slot.number] = slot
         self.batch.add(slot.number, slot.request, slot.sampler, cache, cached)
 
+    def digest(self) -> list:
+        """Each running row's length and last token: the ranks of a launch compare
+        them before each step, so a rank that decided otherwise stops at once."""
+        return [[n, len(s.row.result.tokens), s.row.result.tokens[-1:]] for n, s in sorted(self.slots.items()) if s.row]
+
     def cancelled_now(self) -> set[int]:
         """The slots whose clients have gone, as of now."""
         return {number for number, slot in self.slots.items() if slot.job.cancelled}

@@ -142,7 +142,10 @@ class Engine:
             # What the step does depends on the cancellations seen now, not on a
             # client leaving mid-step: every rank must cut the same rows.
             cancelled = runner.cancelled_now()
-            self._share({"add": [job_recipe(job) for job in added], "cancel": sorted(cancelled)})
+            step = {"add": [job_recipe(job) for job in added], "cancel": sorted(cancelled)}
+            if self.lockstep is not None:
+                step["digest"] = runner.digest()
+            self._share(step)
             try:
                 runner.step(cancelled)
             except ContextOverflowError as e:  # a branch rollout looked past the end of the context

@@ -8,11 +8,12 @@ admits (their prompt tokens, sampler, penalties and seed), the slots it cuts,
 and the step itself. The other ranks hold no server: `follow` replays the same
 operations on an engine of their own. Their logits are rank 0's and their
 seeds are the same, so they take the same decisions without being told the
-tokens; the cancellations and stops, which depend on rank 0's clients, are
-shared. Between requests rank 0 says it is idle every `beat` and the followers
-sleep until the next one (waiting in an exchange polls, which would keep a
-core busy); rank 0's shutdown sends them `stop`, and its death closes the
-connection, which ends the wait with an error.
+tokens (each step's message carries every row's length and last token, and a
+rank that decided otherwise stops with an error); the cancellations, which
+depend on rank 0's clients, are shared. Between requests rank 0 says it is
+idle every `beat` and the followers sleep until the next one (waiting in an
+exchange polls, which would keep a core busy); rank 0's shutdown sends them
+`stop`, and its death closes the connection, which ends the wait with an error.
 """
 
 import os
@@ -83,6 +84,11 @@ def follow(engine: Engine):
         if "alone" in message:
             engine.run_alone(rebuild(engine, message["alone"]))
             continue
+        if "digest" in message and message["digest"] != runner.digest():
+            raise DistributedError(
+                f"rank {engine.lockstep.w.rank} decoded other tokens than rank 0 "
+                "(a different model file or version of MLX?); install the same on every machine"
+            )
         for recipe in message["add"]:
             runner.add(rebuild(engine, recipe))
         try:
