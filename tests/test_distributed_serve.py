@@ -22,7 +22,12 @@ from test_loading import GGUF_CONFIG, write_gguf
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT = 180  # seconds: two ranks load and connect on a busy 2-core machine
-PROMPTS = [("Hello there", 7, "entropix"), ("Tell me about cats.", 3, "entropix"), ("Hi", 1, "greedy")]
+PROMPTS = [
+    ("Hello there", 7, "entropix"),
+    ("Tell me about cats.", 3, "entropix"),
+    ("Hi", 1, "greedy"),
+    ("Why?", 2, "deliberate"),  # runs alone, outside the batch
+]
 
 
 @pytest.fixture(scope="module")
