@@ -8,8 +8,11 @@ import typer
 from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.distributed import check_same_model, world
+from entropix_mlx.model.loading import resolve
 
 from .options import ModelOpt, WeightsOpt
+from .run import quiet_unless_root
 
 # entropix_mlx.eval and rich.table are imported in the functions that use them: app.py
 # imports every command's module at each start (--help too), and only bench needs them.
@@ -59,7 +62,11 @@ def bench(
         if sys.stderr.isatty():
             print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
-    ours, theirs, tokenizer, source = benchmark.load_pair(model, weights)
+    w = world()  # under mlx.launch: both models split across the ranks, rank 0 prints
+    if w.size > 1:
+        check_same_model(w, resolve(model).path)
+    ours, theirs, tokenizer, source = benchmark.load_pair(model, weights, w.group if w.size > 1 else None)
+    quiet_unless_root(w)
     result = benchmark.bench(
         ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats, progress=progress, contended=contended
     )
@@ -67,6 +74,8 @@ def bench(
         progress("profile")
         result["profile"] = profiling.profile(ours, theirs, tokenizer, source.name, prompt_tokens, PROFILE_STEPS)
     progress("")
+    if w.size > 1:
+        result["ranks"] = w.size
     if as_json:
         print(json.dumps(result))
     else:
@@ -88,9 +97,10 @@ def print_tables(result: dict):
             f"{machine['cores']} cores · {machine['threads']} threads a product · "
             f"load average {before:.2f} before, {after:.2f} after{beside}"
         )
+    split = f", split across {result['ranks']} ranks (rank 0's memory)" if "ranks" in result else ""
     table = Table(
         title=f"{result['model']}: {result['prompt_tokens']} prompt tokens, {result['gen_tokens']} "
-        f"generated, medians of {result['mlx_lm']['runs']} runs"
+        f"generated, medians of {result['mlx_lm']['runs']} runs{split}"
     )
     for column in ("", "prefill tok/s", "first token s", "decode tok/s", "peak GB"):
         table.add_column(column, justify="right" if column else "left")

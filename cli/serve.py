@@ -10,10 +10,11 @@ from typing import Annotated
 import typer
 
 from entropix_mlx.accel.weights import default_weights
+from entropix_mlx.distributed import run_on_root, world
 from entropix_mlx.errors import ConfigError
 
 from .options import ModelOpt, WeightsOpt
-from .run import load_model
+from .run import load_model, quiet_unless_root
 
 
 def _check_port(value: int) -> int:
@@ -78,14 +79,17 @@ def serve(
     """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave the option out")
-    _check_address(host, port)
-    llm, tokenizer, source = load_model(model, weights)
-    if not _is_loopback(host) and not api_key:
+    w = world()  # under mlx.launch: the model is split, rank 0 serves and the others follow it
+    run_on_root(w, lambda: _check_address(host, port))  # the others stop quietly when it fails
+    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)
+    quiet_unless_root(w)
+    if w.root and not _is_loopback(host) and not api_key:
         print(
             f"warning: serving on {host} without --api-key: anyone who can reach this address can use it",
             file=sys.stderr,
         )
-    print(f"entropix-mlx serve: {source.name} on http://{host}:{port}/ (OpenAI API at /v1)", file=sys.stderr)
+    if w.root:
+        print(f"entropix-mlx serve: {source.name} on http://{host}:{port}/ (OpenAI API at /v1)", file=sys.stderr)
     # the server package only when serving: app.py imports this module at each start (--help too)
     from entropix_mlx.server import serve as run_server
 
@@ -101,6 +105,7 @@ def serve(
         cache_entries=8 if cache_tokens else 0,
         cache_tokens=cache_tokens,
         batch_size=batch_size,
+        world=w,
     )
     # uvicorn has shut down and every stream has ended. Leave without running native
     # static destructors: MLX's stream threads can abort the process in them

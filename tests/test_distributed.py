@@ -244,3 +244,18 @@ def test_chat_on_two_ranks_prints_once_what_one_process_prints(model_file, tmp_p
 
 def without_speed(text: str) -> str:
     return re.sub(r"[\d.]+ (tok/s|GB)", r"N \1", text)
+
+
+@pytest.mark.slow
+def test_bench_on_two_ranks_prints_once_with_half_the_memory(model_file):
+    args = ["bench", "-m", model_file, "--prompt-tokens", "8", "--gen-tokens", "6", "--repeats", "1", "--json"]
+    alone = subprocess.run(cli(*args), capture_output=True, text=True, timeout=TIMEOUT)
+    assert alone.returncode == 0, alone.stderr
+    two = launch(2, *cli(*args))
+    assert "exited with code" not in two.stderr, two.stderr
+    one_result, (two_result,) = json.loads(alone.stdout), [json.loads(line) for line in two.stdout.splitlines()]
+    assert "ranks" not in one_result and two_result["ranks"] == 2  # rank 0 alone printed
+    for name in ("mlx_lm", "entropix_greedy", "entropix"):
+        assert two_result[name]["tokens"] == 6
+        assert two_result[name].get("strategy_counts") == one_result[name].get("strategy_counts")
+        assert two_result[name]["peak_memory_gb"] < 0.75 * one_result[name]["peak_memory_gb"]  # the split weights

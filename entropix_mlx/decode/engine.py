@@ -184,6 +184,10 @@ def default_groups(batch_size: int, model=None) -> int:
     over all rows costs little more than over one."""
     if mx.default_device() != mx.cpu:
         return 1
+    if getattr(model, "head_group", None) is not None:
+        # A model split across ranks exchanges data in each forward pass: the
+        # ranks must make their exchanges in one order, so one group, one stream.
+        return 1
     if model is not None and gemm_uses_all_cores(model):
         return 1
     return max(1, min(batch_size, os.cpu_count() or 1))

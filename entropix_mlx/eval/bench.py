@@ -1,4 +1,5 @@
-"""`bench`: entropix-mlx against mlx-lm, in one process, on the same weights.
+"""`bench`: entropix-mlx against mlx-lm, in one process, on the same weights
+(or under `mlx.launch`, both split across the ranks: see `load_pair`).
 
 Three variants generate the same number of tokens from the same prompt:
 
@@ -62,6 +63,7 @@ from ..decode.registry import make_sampler
 from ..errors import ConfigError
 from ..model.convert import cached_conversion
 from ..model.loading import download, load
+from ..model.sharding import shard
 from .neighbour import busy_neighbour, cores
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
@@ -207,16 +209,22 @@ def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler
     )
 
 
-def load_pair(ref: str | None, weights: str = "auto"):
+def load_pair(ref: str | None, weights: str = "auto", group=None):
     """Our model (`weights` as for `load`), mlx-lm's own implementation of its family on
     the same weights in the file's own format (what a user of mlx-lm gets: a GGUF file
-    goes through `convert`, cached), the tokenizer, the source."""
+    goes through `convert`, cached), the tokenizer, the source. With `group` (a launch
+    of several ranks): both split across its ranks, each the way its own project splits
+    it, so every rank runs the bench in lockstep."""
     ours, tokenizer, source = load(ref, return_source=True, weights=weights)
     if source.kind in ("bundled", "gguf"):
         theirs, _ = load_model(cached_conversion(source.path))
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)
+    if group is not None:
+        shard(ours, group)
+        theirs.shard(group)
+        mx.eval(theirs.parameters())
     return ours, theirs, tokenizer, source
 
 

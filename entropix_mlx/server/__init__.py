@@ -22,14 +22,28 @@ def serve(
     cache_tokens: int = 32768,
     batch_size: int = 8,
     log_level: str = "info",
+    world=None,
 ):
-    """Start the server and block until it is stopped (Ctrl-C)."""
+    """Start the server and block until it is stopped (Ctrl-C). With `world`
+    (a launch of several ranks, the model split across them): rank 0 serves and
+    the other ranks follow its batches (lockstep.py) until it stops."""
     # uvicorn and starlette (app.py) only when serving: `run --html` imports this package too
     import uvicorn
 
     from .app import MAX_BODY, create_app
 
-    engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size)
+    lockstep = None
+    if world is not None and world.size > 1:
+        from .lockstep import Lockstep, follow
+
+        lockstep = Lockstep(world)
+        if not world.root:
+            engine = Engine(
+                model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep, False
+            )
+            follow(engine)
+            return
+    engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep)
     app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)

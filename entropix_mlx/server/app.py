@@ -118,7 +118,9 @@ class Server:
         seed = p.seed if p.seed is not None else random_seed()
         # Every sampler, greedy and deliberate included: they change the logits, not the sampling.
         penalties = make_penalties(**p.penalties, prompt=ids)
-        return Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop, penalties), warnings
+        recipe = {"sampler": name, "overrides": overrides, "penalties": p.penalties}
+        job = Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop, penalties, recipe=recipe)
+        return job, warnings
 
     # -- endpoints -------------------------------------------------------
 

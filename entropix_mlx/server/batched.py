@@ -48,6 +48,7 @@ class BatchRunner:
             engine.model, engine.tokenizer, batch_size, groups, joins_per_step=1, on_finish=self._keep_cache
         )
         self.slots: dict[int, _Slot] = {}
+        self.cancelled: set[int] = set()  # the slots being cut in this step
         self._numbers = itertools.count()
 
     @property
@@ -64,9 +65,20 @@ class BatchRunner:
         self.slots[slot.number] = slot
         self.batch.add(slot.number, slot.request, slot.sampler, cache, cached)
 
-    def step(self):
+    def digest(self) -> list:
+        """Each running row's length and last token: the ranks of a launch compare
+        them before each step, so a rank that decided otherwise stops at once."""
+        return [[n, len(s.row.result.tokens), s.row.result.tokens[-1:]] for n, s in sorted(self.slots.items()) if s.row]
+
+    def cancelled_now(self) -> set[int]:
+        """The slots whose clients have gone, as of now."""
+        return {number for number, slot in self.slots.items() if slot.job.cancelled}
+
+    def step(self, cancelled: set[int] | None = None):
+        """One step of the batch; `cancelled`: the slots to cut (default: as of now)."""
+        self.cancelled = self.cancelled_now() if cancelled is None else cancelled
         for slot in list(self.slots.values()):  # their clients left before they started
-            if slot.row is None and slot.job.cancelled and self.batch.cancel(slot.number):
+            if slot.row is None and slot.number in self.cancelled and self.batch.cancel(slot.number):
                 self.slots.pop(slot.number)
                 self.engine.cancelled += 1
         done = self.batch.step()
@@ -100,7 +112,7 @@ class BatchRunner:
                     entry = chat_logprob(self.engine.tokenizer, event, res.tops[i])
             text, hit = slot.scanner.feed(event.text)
             self.engine.emit(job, "token", record(event), entry, text)
-            if hit or job.cancelled:
+            if hit or slot.number in self.cancelled:
                 slot.finish = "stop" if hit else "cancelled"
                 self.batch.cancel(slot.number)
 

@@ -37,14 +37,29 @@ class Job:
     stop: list[str] = field(default_factory=list)
     penalties: object = None  # sampling/penalties.py, bound to this prompt (None: off)
     cancelled: bool = False
+    # How the sampler and penalties were asked for (name, overrides, penalties):
+    # what the other ranks rebuild them from under a launcher (lockstep.py).
+    recipe: dict | None = None
     # Filled by `submit`: where the worker's events go.
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
 
 
 class Engine:
-    def __init__(self, model, tokenizer, name: str, prefix_cache: PrefixCache | None = None, batch_size: int = 8):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str,
+        prefix_cache: PrefixCache | None = None,
+        batch_size: int = 8,
+        lockstep=None,
+        worker: bool = True,
+    ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        # Under a launcher with a split model: every operation on the model is
+        # shared with the other ranks before it runs (lockstep.py). None: one process.
+        self.lockstep = lockstep
         self.batch_size = batch_size
         self._waiting: deque = deque()
         self.context = model.args.max_position_embeddings
@@ -58,7 +73,8 @@ class Engine:
         self.busy = False
         self.served = 0  # jobs run (to the end or stopped)
         self.cancelled = 0  # jobs stopped early because their client went away
-        self._thread.start()
+        if worker:  # the other ranks of a launch replay rank 0's operations instead (lockstep.follow)
+            self._thread.start()
 
     @property
     def waiting(self) -> int:
@@ -78,6 +94,8 @@ class Engine:
 
     def emit(self, job: Job, *event):
         """Hand an event to the request's handler (on the event loop's thread)."""
+        if job.loop is None:  # a job another rank's client sent: nobody here to hand it to
+            return
         job.loop.call_soon_threadsafe(job.events.put_nowait, event)
 
     def _work(self):
@@ -86,14 +104,20 @@ class Engine:
         while True:
             # Block for work only when nothing is being decoded.
             if runner.idle and not waiting:
-                waiting.append(self._queue.get())
+                try:
+                    waiting.append(self._queue.get(timeout=self.lockstep and self.lockstep.beat))
+                except queue.Empty:  # a launch with nothing to do: the other ranks rest a beat
+                    self._share({"idle": True})
+                    continue
             while True:
                 try:
                     waiting.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             if any(job is None for job in waiting):  # close()
+                self._share({"stop": True})
                 return
+            added = []
             while waiting:
                 job = waiting[0]
                 if job.cancelled:  # its client left while it waited
@@ -105,23 +129,36 @@ class Engine:
                     if not runner.idle:
                         break
                     waiting.popleft()
-                    self._alone(job)
+                    self._share({"alone": job_recipe(job)})
+                    self.run_alone(job)
                     continue
                 if not runner.has_room:
                     break
-                runner.add(waiting.popleft())
+                added.append(waiting.popleft())
+                runner.add(added[-1])
             self.busy = not runner.idle
             if runner.idle:
                 continue
+            # What the step does depends on the cancellations seen now, not on a
+            # client leaving mid-step: every rank must cut the same rows.
+            cancelled = runner.cancelled_now()
+            step = {"add": [job_recipe(job) for job in added], "cancel": sorted(cancelled)}
+            if self.lockstep is not None:
+                step["digest"] = runner.digest()
+            self._share(step)
             try:
-                runner.step()
+                runner.step(cancelled)
             except ContextOverflowError as e:  # a branch rollout looked past the end of the context
                 runner.fail(str(e))
             except Exception as e:  # a bug: those requests fail, the server goes on
                 runner.fail(f"internal error: {type(e).__name__}: {e}")
             self.busy = not runner.idle
 
-    def _alone(self, job: Job):
+    def _share(self, message):
+        """Rank 0's `message` on every rank (itself in one process)."""
+        return message if self.lockstep is None else self.lockstep.share(message)
+
+    def run_alone(self, job: Job):
         self.busy = True
         try:
             self._run(job)
@@ -155,7 +192,7 @@ class Engine:
                 if hit:
                     finish = "stop"
                     break
-                if job.cancelled:
+                if self._share(job.cancelled):
                     finish = "cancelled"
                     self.cancelled += 1
                     break
@@ -169,6 +206,14 @@ class Engine:
         if generation.cache is not None:  # None: a sampler that kept no cache of its own (deliberate)
             self.prefix_cache.put(job.ids + generation.tokens, generation.cache)
         self.emit(job, "end", finish, tail, generation.summary())
+
+
+def job_recipe(job: Job) -> dict | None:
+    """What another rank needs to run `job` as this one does (None: one process)."""
+    if job.recipe is None:
+        return None
+    fields = ("ids", "max_tokens", "seed", "logprobs", "top_logprobs", "stop")
+    return {**job.recipe, **{name: getattr(job, name) for name in fields}}
 
 
 def random_seed() -> int:
