@@ -441,7 +441,7 @@ def test_interrupted_calibration_leaves_the_old_card(tiny_gguf, tmp_path, sig, c
     card.write_text("# the old card\n[sampler]\nlow_entropy = 0.5\n")
     proc = start("calibrate", "-m", tiny_gguf, "--out", card, "--max-tokens", "200")
     seen = ""
-    while "prompt 1/" not in seen:  # progress: '\rprompt N/16', no newline
+    while "answers 0/" not in seen:  # progress: '\ranswers N/16', no newline; the batch has started
         char = proc.stderr.read(1)
         assert char, seen
         seen += char
