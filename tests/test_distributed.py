@@ -259,3 +259,31 @@ def test_bench_on_two_ranks_prints_once_with_half_the_memory(model_file):
         assert two_result[name]["tokens"] == 6
         assert two_result[name].get("strategy_counts") == one_result[name].get("strategy_counts")
         assert two_result[name]["peak_memory_gb"] < 0.75 * one_result[name]["peak_memory_gb"]  # the split weights
+
+
+# Each rank keeps its user cards in a folder of its own, as ranks on different machines do.
+CARDS_PER_RANK = """
+import os, sys
+os.environ["ENTROPIX_CARDS_DIR"] = os.path.join(sys.argv.pop(1), "rank" + os.environ.get("MLX_RANK", "0"))
+from entropix_mlx.cli.app import main
+main()
+"""
+
+
+@pytest.mark.slow
+def test_ranks_with_their_own_caches_measure_one_card_together(model_file, tmp_path):
+    args = ["run", "-m", model_file, "--json", "--max-tokens", "8", "--sampler", "entropix", "Hello there"]
+    (tmp_path / "rank1").mkdir(mode=0o700)
+    (tmp_path / "rank1" / "stale.toml").write_text("")  # rank 1 alone has a folder, rank 0 none yet
+    two = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
+    assert two.returncode == 0 and "exited with code" not in two.stderr, two.stderr
+    cards = [sorted(p.name for p in (tmp_path / f"rank{r}").glob("tiny-*.toml")) for r in (0, 1)]
+    assert cards[0] == cards[1] and len(cards[0]) == 1  # every rank wrote the card its sampler reads
+    assert (tmp_path / "rank0" / cards[0][0]).read_text() == (tmp_path / "rank1" / cards[0][0]).read_text()
+    again = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
+    (tmp_path / "rank1" / cards[0][0]).unlink()  # now only rank 0 has it: both must measure again, together
+    third = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
+    assert "exited with code" not in third.stderr, third.stderr
+    tokens = [[json.loads(line).get("token") for line in p.stdout.splitlines()] for p in (two, again, third)]
+    assert tokens[0] == tokens[1] == tokens[2] and len(tokens[0]) == 9
+    assert (tmp_path / "rank1" / cards[0][0]).is_file()

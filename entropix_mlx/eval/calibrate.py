@@ -17,7 +17,7 @@ import numpy as np
 
 from ..decode.engine import generate_batch
 from ..decode.rows import Request
-from ..distributed import all_gather_json, world
+from ..distributed import World, all_gather_json, world
 from ..errors import ConfigError
 from ..files import write_atomic
 from ..sampling.cards import card_path
@@ -145,7 +145,9 @@ def collect(
     base = SamplerConfig()
     if attention_layers != "all":
         raise NotImplementedError("calibration records the default layer choice ('all')")
-    w = world()  # under a launcher each rank measures every size-th prompt
+    # Under a launcher each rank measures every size-th prompt, unless the model is split
+    # across the ranks (`model.sharding`): then every rank runs every pass together.
+    w = world() if getattr(model, "head_group", None) is None else World(0, 1, None)
     requests, prompt_of = [], []
     for i, prompt in enumerate(prompts):
         if i % w.size != w.rank:
@@ -330,7 +332,9 @@ def calibrate(
         fields, extra = new_model_fields(found, vocabulary), deliberate_table(found)
     fields, clipped = clip_to_vocabulary(fields, vocabulary) if vocabulary else (fields, {})
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
-    if world().root:  # the card lives on rank 0's machine
+    # `--out` is rank 0's file; a user card (`identity`) is every rank's own: each rank's
+    # sampler reads the card from its machine's cache, and every rank measured the same samples.
+    if world().root or identity is not None:
         text = card_text(model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity)
         write_card(path, text)
     return path, found, samples

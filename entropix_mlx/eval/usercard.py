@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..distributed import all_gather_json, world
 from ..errors import ConfigError
 from ..model.loading import ModelSource, model_identity
 from ..sampling.cards import checked_user_cards_dir, shipped_card, use_card, user_card_name
@@ -62,11 +63,15 @@ def ensure_card(
     if why:
         return CardStatus(None, "none", f"no card for {source.name} (user cards folder refused: {why}); defaults run")
     path = folder / user_card_name(source.name, identity)
-    if path.exists():
-        problem = card_problem(path, identity)
-        if problem is None:
-            use_card(source.name, path)
-            return CardStatus(path, "user")
+    problem = card_problem(path, identity) if path.exists() else None
+    needed = problem is not None or not path.exists()
+    w = world()
+    if w.size > 1:  # every rank measures together (the samples are gathered) if any rank lacks the card
+        needed = any(all_gather_json(w, needed))
+    if not needed:
+        use_card(source.name, path)
+        return CardStatus(path, "user")
+    if problem is not None:
         if warn:
             warn(f"warning: the card {path} cannot be used ({problem}); measuring it again")
         path.unlink(missing_ok=True)  # its kept tables would carry the damage over
