@@ -194,13 +194,19 @@ def run_items(
             record = new_record(
                 name, seed, todo[i], prompt_of, fields(todo[i], prompt_of[todo[i].index], result, seconds)
             )
-            store.add(record)
             done += 1
-            if progress:
-                progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
-            if on_record:
-                on_record(record)
+            keep(store, record, done, total, progress, on_record)
     return store
+
+
+def keep(store: ResultStore, record: dict, done: int, total: int, progress, on_record) -> None:
+    """Save a new record, then report it (`run_items`' `progress` and `on_record`)."""
+    store.add(record)
+    if progress:
+        name, seed = record["sampler"], record["seed"]
+        progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
+    if on_record:
+        on_record(record)
 
 
 def run_items_sharded(
@@ -248,10 +254,6 @@ def run_items_sharded(
             if not w.root:
                 continue
             for record in sorted(gathered, key=lambda r: r["index"]):
-                store.add(record)
                 done += 1
-                if progress:
-                    progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
-                if on_record:
-                    on_record(record)
+                keep(store, record, done, total, progress, on_record)
     return store
