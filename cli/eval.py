@@ -17,6 +17,8 @@ from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import resolve
 from entropix_mlx.sampling.config import resolve_config
+from entropix_mlx.sampling.deliberate_config import resolve_deliberate
+from entropix_mlx.sampling.settings import read_toml
 
 from .options import ModelOpt, WeightsOpt
 from .run import load_model
@@ -117,7 +119,8 @@ def eval_command(
         typer.Option(
             "--config",
             show_default="the model card",
-            help="Entropix sampler settings: a TOML file or a preset (reference, calibrated).",
+            help="Entropix sampler settings: a TOML file or a preset (reference, calibrated). "
+            "A TOML file's [deliberate] table sets deliberate.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
@@ -163,8 +166,13 @@ def eval_command(
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
-    if config is not None and "entropix" not in names:
-        raise ConfigError("--config sets the entropix sampler, which --samplers does not include")
+    # A TOML file's [deliberate] table sets deliberate; the rest of --config is Entropix's.
+    for_deliberate = config is not None and str(config).endswith(".toml") and "deliberate" in read_toml(config)
+    if config is not None and "entropix" not in names and not ("deliberate" in names and for_deliberate):
+        raise ConfigError(
+            "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
+            "which --samplers does not include"
+        )
     if open_text:
         path = tasks if tasks is not None else ev.builtin_prompts_path()
         task_list = ev.load_prompts(path)[:limit]
@@ -178,6 +186,8 @@ def eval_command(
     source = resolve(model)
     if "entropix" in names:  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config)
+    if "deliberate" in names and for_deliberate:
+        resolve_deliberate(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
     llm, tokenizer, source = load_model(model, weights, card=bool({"entropix", "deliberate"} & set(names)))
@@ -187,7 +197,7 @@ def eval_command(
             name,
             tokenizer=tokenizer,
             model_name=source.name,
-            config=config if name == "entropix" else None,
+            config=config if name == "entropix" or (name == "deliberate" and for_deliberate) else None,
             metrics=False,
             logprobs=False,
         )

@@ -57,6 +57,31 @@ def test_branches_start_exactly_where_entropy_or_varentropy_cross_the_thresholds
         assert sorted(c.split for c in d.candidates[1:]) == expected
 
 
+def test_the_attention_gate_branches_exactly_where_the_heads_cross_its_thresholds(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    events = greedy_run(model, tiny_tokenizer, prompt, 12)
+    attn = sorted(e.metrics["attn_entropy"] for e in events)
+    disagreement = sorted(e.metrics["agreement"] for e in events)
+    mid = lambda xs, i: (xs[i] + xs[i + 1]) / 2  # noqa: E731
+    for a, g in [(mid(attn, 6), 1e9), (1e9, mid(disagreement, 8)), (mid(attn, 9), mid(disagreement, 9))]:
+        cfg = DeliberateConfig(
+            first_alternatives=0,
+            branch_gate="attention",
+            branch_attn_entropy=a,
+            branch_agreement=g,
+            branch_entropy=0.0,  # the logits gate would branch everywhere: it must not be read
+            alternatives=1,
+            max_branch_points=50,
+            **WIDE,
+        )
+        d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12)
+        expected = [
+            i for i, e in enumerate(events) if i > 0 and (e.metrics["attn_entropy"] > a or e.metrics["agreement"] > g)
+        ]
+        assert 0 < len(expected) < 11
+        assert d.candidates[0].branched_at == expected
+
+
 def test_first_token_alternatives_and_the_branch_point_cap(model, tiny_tokenizer):
     prompt = prompt_of(tiny_tokenizer, TEXTS[0])
     cfg = DeliberateConfig(first_alternatives=3, branch_entropy=0.0, alternatives=2, max_branch_points=2, **WIDE)
@@ -204,6 +229,8 @@ def test_the_root_sampler_alone_spawns():
         ({"selector": "best"}, "'selector' = 'best' is invalid: choose one of"),
         ({"alternatives": -1}, "'alternatives' = -1 is invalid"),
         ({"branch_entropy": -1.0}, "cannot be negative"),
+        ({"branch_gate": "heads"}, "'branch_gate' = 'heads' is invalid: choose one of: logits, attention"),
+        ({"branch_agreement": -0.1}, "cannot be negative"),
         ({"min_probability": 1.0}, "must be in [0, 1)"),
         ({"max_branches": 2.5}, "must be a whole number"),
         ({"margin": float("nan")}, "must be a finite number"),

@@ -505,3 +505,20 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
     code, _, err = invoke("eval", "--builtin", "--plot", "acc.png")
     assert code == 2
     assert "pip install 'entropix-mlx[plot]'" in one_error_line(err)
+
+
+def test_a_config_files_deliberate_table_sets_deliberate(tiny_ref, tmp_path):
+    tasks = write_tasks(tmp_path / "t.jsonl")
+    config = tmp_path / "c.toml"
+    config.write_text('[deliberate]\nbranch_gate = "attention"\nmax_branch_points = 1\n')
+    code, _, err = invoke(
+        "eval", tasks, "-m", tiny_ref, "--samplers", "greedy,deliberate", "--max-tokens", "2",
+        "--config", config, "--out", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    settings = json.loads((tmp_path / "o" / "config.json").read_text())["samplers"]["deliberate"]
+    assert settings["branch_gate"] == "attention" and settings["max_branch_points"] == 1
+    # without such a table, --config is Entropix's alone
+    config.write_text("[sampler]\nargmax_margin = 2.0\n")
+    code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy,deliberate", "--config", config)
+    assert code == 2 and "--config sets the entropix sampler" in one_error_line(err)

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
-from .metrics import logits_entropy
+from .metrics import attention_metrics, logits_entropy
 from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
 
@@ -41,18 +41,18 @@ class BranchSampler:
             "varentropy": varentropy.item(),
             "margin": math.exp(values[0]) - math.exp(values[1]),
         }
-        spawn = self._alternatives(len(step.tokens), metrics, values, ids) if self.spawns else []
+        spawn = self._alternatives(len(step.tokens), metrics, values, ids, step.scores) if self.spawns else []
         metrics["spawned"] = len(spawn)
         return Choice(
             [ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=[(t, lp, metrics) for t, lp in spawn]
         )
 
-    def _alternatives(self, position: int, metrics: dict, values: list, ids: list) -> list:
+    def _alternatives(self, position: int, metrics: dict, values: list, ids: list, scores=None) -> list:
         """The branches to start here: (token, logprob) of the next most likely tokens."""
         c = self.config
         if position == 0 and c.first_alternatives:
             n = c.first_alternatives
-        elif position > 0 and self.points < c.max_branch_points and self.uncertain(metrics):
+        elif position > 0 and self.points < c.max_branch_points and self.uncertain(metrics, scores):
             n = c.alternatives
         else:
             return []
@@ -64,6 +64,15 @@ class BranchSampler:
             self.points += position > 0
         return spawn
 
-    def uncertain(self, metrics: dict) -> bool:
+    def uncertain(self, metrics: dict, scores=None) -> bool:
+        """Whether to branch here; the attention gate adds what it read to `metrics`."""
         c = self.config
-        return metrics["entropy"] > c.branch_entropy or metrics["varentropy"] > c.branch_varentropy
+        if c.branch_gate == "logits":
+            return metrics["entropy"] > c.branch_entropy or metrics["varentropy"] > c.branch_varentropy
+        if not scores:  # a model that gives no attention scores never branches by them
+            return False
+        heads = attention_metrics([scores[i] for i in range(len(scores))])
+        attn_entropy, agreement = heads["attn_entropy"].mean(), heads["agreement"].mean()
+        mx.eval(attn_entropy, agreement)
+        metrics["attn_entropy"], metrics["agreement"] = attn_entropy.item(), agreement.item()
+        return metrics["attn_entropy"] > c.branch_attn_entropy or metrics["agreement"] > c.branch_agreement

@@ -25,6 +25,8 @@ SELECTORS = (
 
 CLEAN_RULES = ("off", "loop", "loop_or_length")
 
+GATES = ("logits", "attention")
+
 
 @dataclass(frozen=True)
 class DeliberateConfig(Settings):
@@ -39,6 +41,13 @@ class DeliberateConfig(Settings):
     # a branch; at most `max_branch_points` such positions per answer.
     branch_entropy: float = 3.3
     branch_varentropy: float = 12.65
+    # Or (`branch_gate = "attention"`) where the heads are unsure instead: the
+    # attention entropy (bits, mean over heads and layers) exceeds
+    # `branch_attn_entropy` or the heads' disagreement exceeds `branch_agreement`
+    # (metrics.attention_metrics).
+    branch_gate: str = "logits"
+    branch_attn_entropy: float = 2.6
+    branch_agreement: float = 0.0148
     alternatives: int = 1
     max_branch_points: int = 1
     # Ignore alternatives less likely than this (they are rarely the answer).
@@ -76,6 +85,9 @@ RULES = {
     "max_branches": at_least(0),
     "branch_entropy": THRESHOLD,
     "branch_varentropy": THRESHOLD,
+    "branch_gate": rule(lambda v: v in GATES, f"choose one of: {', '.join(GATES)}"),
+    "branch_attn_entropy": THRESHOLD,
+    "branch_agreement": THRESHOLD,
     "min_probability": rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "budget": at_least(1, "the greedy answer alone is 1"),
     "selector": rule(lambda v: v in SELECTORS, f"choose one of: {', '.join(SELECTORS)}"),
