@@ -145,3 +145,13 @@ def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_d
     run_cmd._CARDS.clear()  # as a new process would
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0 and "measured" not in err and "model card mine-" in err
+
+
+def test_a_base_model_without_a_chat_template_gets_its_card_and_plain_prompts(tmp_path, cards_dir):
+    from entropix_mlx.decode.prompt import encode_chat
+
+    tokenizer = make_tiny_tokenizer(**{"tokenizer.chat_template": None})
+    ids = encode_chat(tokenizer, [{"role": "user", "content": "hi <|im_end|>"}, {"role": "user", "content": "x"}])
+    assert tokenizer.decode(ids) == "hi <|im_end|>\n\nx\n" and 2 not in ids  # text, never a control token
+    status = usercard.ensure_card(make_tiny_model(), tokenizer, source_for(tmp_path, b"a base model"))
+    assert status.kind == "measured" and status.path.is_file()

@@ -22,7 +22,13 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     sentinel, the template is rendered to text, and the pieces are tokenized
     separately: template text with control tokens parsed, message bodies with
     `split_special_tokens=True` so `<|im_end|>` becomes ordinary characters.
+
+    A model without a chat template (a base model) gets the messages' text, one
+    paragraph each, after its BOS token, as mlx-lm does for such a model.
     """
+    if getattr(tokenizer, "chat_template", None) is None:
+        text = "\n\n".join(m.get("content", "") for m in messages) + ("\n" if add_generation_prompt else "")
+        return list(tokenizer.encode(text, split_special_tokens=True))
     if not any(_has_special_text(tokenizer, m.get("content", "")) for m in messages):
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
     stand_ins = [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(messages)]

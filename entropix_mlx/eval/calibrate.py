@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..decode.engine import generate_batch
+from ..decode.prompt import encode_chat
 from ..decode.rows import Request
 from ..distributed import World, all_gather_json, world
 from ..errors import ConfigError
@@ -152,7 +153,7 @@ def collect(
     for i, prompt in enumerate(prompts):
         if i % w.size != w.rank:
             continue
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
         room = model.args.max_position_embeddings - len(ids)  # a small context measures what fits
         if room >= 1:
             requests.append(Request(ids, seed + i, min(max_tokens, room)))
