@@ -112,9 +112,17 @@ def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
     return {**fields, **dict.fromkeys(clipped, top)}, clipped
 
 
+# A model without a card gets no threshold below the bundled card's (models/smollm2-135m.toml):
+# quantiles alone make every model leave argmax on the same share of its steps, however sure
+# it is, and a model surer than the bundled one then branched away from answers its greedy
+# pass had right (docs/sampler.md, "A model without a card").
+NEW_MODEL_FLOORS = {"low_entropy": 1.9112, "low_varentropy": 6.3016, "medium_entropy": 3.3035}
+
+
 def new_model_fields(found: dict, vocabulary: int | None) -> dict:
-    """[sampler] for a model without a card: measured thresholds, the rules and
-    settings of NEW_MODEL_SAMPLER."""
+    """[sampler] for a model without a card: measured thresholds, raised to
+    NEW_MODEL_FLOORS, with the rules and settings of NEW_MODEL_SAMPLER."""
+    found = {**found, **{k: max(found[k], floor) for k, floor in NEW_MODEL_FLOORS.items()}}
     return {
         **found,
         "high_varentropy": found["low_varentropy"],
@@ -122,6 +130,20 @@ def new_model_fields(found: dict, vocabulary: int | None) -> dict:
         "thinking_text": SamplerConfig().thinking_text,
         **NEW_MODEL_SAMPLER,
     }
+
+
+def quantile_rules() -> dict[str, str]:
+    return {k: f"{m} q{q:g}" for k, (m, q) in QUANTILES.items()}
+
+
+def new_model_rules() -> dict[str, str]:
+    """How new_model_fields sets each threshold, for the card's `thresholds_at`."""
+    rules = quantile_rules()
+    rules.update({k: f"{rules[k]}, at least {floor}" for k, floor in NEW_MODEL_FLOORS.items()})
+    rules["high_varentropy"] = "low_varentropy"
+    rules["high_entropy"] = "the vocabulary's maximum"
+    rules["think_varentropy"] = "0 (think off)"
+    return rules
 
 
 def deliberate_table(found: dict) -> str:
@@ -247,6 +269,7 @@ def card_text(
     vocabulary: int | None = None,
     clipped: dict | None = None,
     identity: str | None = None,
+    rules: dict | None = None,
 ) -> str:
     lines = [
         f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
@@ -264,8 +287,9 @@ def card_text(
         f"steps = {len(samples['entropy'])}",
         "quantiles = " + toml_value(list(REPORTED_QUANTILES)),
         "thresholds_at = { "
-        + ", ".join(f'{k} = "{m} q{q:g}"' for k, (m, q) in QUANTILES.items())
-        + " }  # think_varentropy: among steps with entropy > medium_entropy",
+        + ", ".join(f'{k} = "{rule}"' for k, rule in (rules or quantile_rules()).items())
+        + " }"
+        + ("" if rules else "  # think_varentropy: among steps with entropy > medium_entropy"),
     ]
     if vocabulary:
         lines.append(f"vocabulary = {vocabulary}  # tokens: entropy is at most {max_entropy(vocabulary)} bits")
@@ -329,13 +353,16 @@ def calibrate(
     if old is not None:
         kept = {k: v for k, v in old.items() if k not in found}
         fields, extra = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}, other_tables(old_text)
+        rules = None
     else:
-        fields, extra = new_model_fields(found, vocabulary), deliberate_table(found)
+        fields, extra, rules = new_model_fields(found, vocabulary), deliberate_table(found), new_model_rules()
     fields, clipped = clip_to_vocabulary(fields, vocabulary) if vocabulary else (fields, {})
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
     # `--out` is rank 0's file; a user card (`identity`) is every rank's own: each rank's
     # sampler reads the card from its machine's cache, and every rank measured the same samples.
     if world().root or identity is not None:
-        text = card_text(model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity)
+        text = card_text(
+            model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity, rules
+        )
         write_card(path, text)
     return path, found, samples
