@@ -115,7 +115,7 @@ def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
 # A model without a card gets no threshold below the bundled card's (models/smollm2-135m.toml):
 # quantiles alone make every model leave argmax on the same share of its steps, however sure
 # it is, and a model surer than the bundled one then branched away from answers its greedy
-# pass had right (docs/sampler.md, "A model without a card").
+# pass had right (docs/sampler.md, "Why a floor").
 NEW_MODEL_FLOORS = {"low_entropy": 1.9112, "low_varentropy": 6.3016, "medium_entropy": 3.3035}
 
 
