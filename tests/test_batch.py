@@ -355,7 +355,7 @@ def test_a_long_prompt_joins_a_batch_that_sheds_its_shared_padding(tiny_tokenize
     out = batched(model, tiny_tokenizer, requests, GreedySampler, 3, groups=1)
     for i, (p, r) in enumerate(zip(prompts, requests, strict=False)):
         assert out[i].tokens == unbatched(model, tiny_tokenizer, p, GreedySampler(), r.max_tokens, 0)
-        assert out[i].finish_reason == "length"
+        assert out[i].finish_reason == ("length" if len(out[i].tokens) == r.max_tokens else "eos")
 
 
 def test_argmax_only_rows_decide_in_one_stacked_argmax_and_equal_their_own_choose(tiny_tokenizer, monkeypatch):

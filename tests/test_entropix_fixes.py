@@ -67,7 +67,7 @@ ENDS[EOS], ENDS[40] = 12.0, 6.0  # end-of-turn dominant, token 40 next: low entr
 
 def test_no_end_of_turn_right_after_a_thinking_insertion(tiny_tokenizer):
     sampler = EntropixSampler(SamplerConfig(thinking_text="..", low_entropy=0.5, low_varentropy=5.0), tiny_tokenizer)
-    assert sampler.eos_tokens == [EOS]
+    assert sampler.eos_tokens == [0, EOS]  # <|endoftext|> ends a turn too
     # Without an insertion just before, the model may end its turn.
     assert sampler.choose(step(ENDS), mx.random.key(0)).tokens == [EOS]
     inserted = sampler.choose(step(FLAT[:V]), mx.random.key(0))

@@ -71,7 +71,7 @@ def test_tiny_gguf_loads(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf")
     model, tokenizer = load_gguf(tmp_path / "tiny.gguf")
     assert model.args.num_hidden_layers == TINY_CONFIG["num_hidden_layers"]
-    assert tokenizer.eos_token_ids == {2}
+    assert tokenizer.eos_token_ids == {0, 2}  # the file's EOS and the <|endoftext|> control token
     assert tokenizer.encode(" a", add_special_tokens=False) == [259]  # the one merge applies
 
 

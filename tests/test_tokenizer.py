@@ -87,7 +87,8 @@ def test_interface_like_mlx_lm(tokenizer):
 
     assert isinstance(tokenizer, TokenizerWrapper)
     assert isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer)
-    assert tokenizer.eos_token_ids == {2}
+    # the file's EOS, and <|endoftext|>: a control token that ends generation (as in llama.cpp)
+    assert tokenizer.eos_token_ids == {0, 2}
     assert tokenizer.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     assert tokenizer.has_chat_template
     assert tokenizer.vocab_size == 49152
@@ -199,3 +200,13 @@ def test_add_bos_and_eot_from_metadata():
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == [1, 107, 108, 2]
     assert tokenizer.eos_token_ids == {0, 2}
     assert tiny_gguf_tokenizer().encode("hi") == [107, 108]  # SmolLM adds no BOS
+
+
+def test_end_of_turn_control_tokens_end_generation_whatever_the_file_names_eos():
+    """Qwen2.5's GGUF names <|im_end|> its EOS, and the model may end with
+    <|endoftext|> instead: both stop, as in llama.cpp, but only as control tokens."""
+    import mlx.core as mx
+
+    assert tiny_gguf_tokenizer().eos_token_ids == {0, 2}
+    as_text = tiny_gguf_tokenizer(**{"tokenizer.ggml.token_type": mx.array([1, 3, 3] + [1] * 256)})
+    assert as_text.eos_token_ids == {2}

@@ -16,6 +16,20 @@ from ..errors import ModelLoadError, UnsupportedModelError
 
 _SPECIAL = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
 
+# Control tokens that end a generation whichever of them the file names its EOS, as llama.cpp
+# treats them: Qwen2.5's GGUF names <|im_end|>, and the model may also end with <|endoftext|>.
+END_OF_GENERATION = {
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+}
+CONTROL = 3  # llama.cpp's token type
+
 
 def build_tokenizer(metadata: dict, path) -> TokenizerWrapper:
     """From the file's metadata (as gguf_check.read_header decodes it; arrays may
@@ -29,7 +43,8 @@ def build_tokenizer(metadata: dict, path) -> TokenizerWrapper:
         for group, renames in GGUF_TOKENIZER_MAPPING.items()
     }
     settings, extra = grouped["tokenizer"], grouped["tokenizer_config"]
-    if len(settings.get("token_type", tokens)) != len(tokens):
+    types = settings.get("token_type") or [1] * len(tokens)  # 1: a normal token
+    if len(types) != len(tokens):
         raise ModelLoadError(f"GGUF file {path} has token types that do not match its vocabulary; the file is corrupt")
     try:
         backend, _ = convert_gguf_tokenizer(metadata.get("general.architecture", "llama"), settings)
@@ -52,6 +67,7 @@ def build_tokenizer(metadata: dict, path) -> TokenizerWrapper:
     special["pad_token"] = special["pad_token"] or special["eos_token"]
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=extra.get("chat_template"), **special)
     eos_ids = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos_ids += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION and types[i] == CONTROL]
     eos_ids = [int(i) for i in dict.fromkeys(eos_ids) if isinstance(i, int) and 0 <= i < len(tokens)]
     byte_level = settings.get("tokenizer_type") == "gpt2"
     detokenizer = _byte_level_detokenizer if byte_level else NaiveStreamingDetokenizer
