@@ -42,15 +42,31 @@ main()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(count: int = 2) -> int:
+    """A port that is free with the `count` - 1 after it: a launch with
+    --starting-port P gives rank r port P + r."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + count > 65536:
+            continue
+        sockets = []
+        try:
+            for p in range(port, port + count):
+                sockets.append(socket.socket())
+                sockets[-1].bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for t in sockets:
+                t.close()
 
 
 def launch(n: int, *command, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*LAUNCH, "-n", str(n), "--starting-port", str(free_port()), "--env", "OMP_NUM_THREADS=1", "--", *command],
+        [*LAUNCH, "-n", str(n), "--starting-port", str(free_port(n)), "--env", "OMP_NUM_THREADS=1", "--", *command],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
