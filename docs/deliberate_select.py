@@ -4,6 +4,7 @@
     entropix-mlx eval --builtin --split dev --samplers greedy,deliberate --out DIR
     python docs/deliberate_select.py certainty DIR     # self-certainty: one pass per candidate
     python docs/deliberate_select.py table DIR
+    python docs/deliberate_select.py table DIR --tasks ../shared/data/gsm8k_test.jsonl --cot
 """
 
 import argparse
@@ -27,13 +28,13 @@ def records(folder):
     return greedy, [r for r in recs if r["sampler"] == "deliberate"]
 
 
-def candidates(r, tasks):
+def candidates(r, tasks, cot=False):
     """(Candidate, right) for each stored candidate of a deliberate record."""
     out = []
     for k, c in enumerate(r["candidates"]):
         fields = {key: c[key] for key in Candidate.__dataclass_fields__ if key in c}
         fields.update(row=k, parent=None if k == 0 else 0, tokens=[0] * len(c["logprobs"]))
-        out.append((Candidate(**fields), score(c["text"], tasks[r["index"]])[1]))
+        out.append((Candidate(**fields), score(c["text"], tasks[r["index"]], cot)[1]))
     return out
 
 
@@ -92,12 +93,12 @@ def by_value(value, margin, vote=False, rule="loop_or_length"):
     return choose
 
 
-def table(folder):
-    tasks = {t.index: t for t in load_tasks(builtin_tasks_path())}
+def table(folder, tasks_file=None, cot=False):
+    tasks = {t.index: t for t in load_tasks(tasks_file or builtin_tasks_path())}
     greedy, items = records(folder)
     kl_file = Path(folder) / "certainty.jsonl"
     kl = {json.loads(line)["index"]: json.loads(line)["kl"] for line in open(kl_file)} if kl_file.exists() else {}
-    prepared = [(r, candidates(r, tasks)) for r in items]
+    prepared = [(r, candidates(r, tasks, cot)) for r in items]
 
     def show(name, choose, only=None):
         rows = [(r, cs) for r, cs in prepared if only is None or r["index"] in only]
@@ -117,7 +118,10 @@ def table(folder):
                 lambda cs, r, s=selector, m=margin, ru=rule: select(cs, s, m, ru)[0],
             )
     for selector, margin in (("continuation_logprob", 0.1), ("logprob", 0.0)):
-        show(f"{selector} d{margin} loop_or_length", lambda cs, r, s=selector, m=margin: select(cs, s, m)[0])
+        show(
+            f"{selector} d{margin} loop_or_length",
+            lambda cs, r, s=selector, m=margin: select(cs, s, m, "loop_or_length")[0],
+        )
     after_first = lambda c: c.logprobs[1:] if len(c.logprobs) > 1 else c.logprobs  # noqa: E731
     for window in (4, 8, 16):
         for margin in (0.0, 0.1, 0.3):
@@ -151,5 +155,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("step", choices=["certainty", "table"])
     parser.add_argument("folder")
+    parser.add_argument("--tasks", help="the eval's task file (default: the built-in tasks)")
+    parser.add_argument("--cot", action="store_true", help="the eval ran with --cot")
     args = parser.parse_args()
-    certainty(args.folder) if args.step == "certainty" else table(args.folder)
+    certainty(args.folder) if args.step == "certainty" else table(args.folder, args.tasks, args.cot)
