@@ -35,51 +35,35 @@ def greedy_run(model, tokenizer, prompt, max_tokens):
     return list(generate(model, tokenizer, prompt, GreedySampler(), max_tokens=max_tokens))
 
 
-def test_branches_start_exactly_where_entropy_or_varentropy_cross_the_thresholds(model, tiny_tokenizer):
+# Each gate: its two metrics and the config fields of their thresholds. The attention gate also
+# sets the logits gate to branch everywhere: its thresholds must not be read.
+GATES = {
+    "logits": (("entropy", "varentropy"), lambda x, y: dict(branch_entropy=x, branch_varentropy=y)),
+    "attention": (
+        ("attn_entropy", "agreement"),
+        lambda x, y: dict(branch_gate="attention", branch_attn_entropy=x, branch_agreement=y, branch_entropy=0.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_branches_start_exactly_where_the_gates_metrics_cross_its_thresholds(model, tiny_tokenizer, gate):
+    (m1, m2), fields = GATES[gate]
     prompt = prompt_of(tiny_tokenizer, TEXTS[0])
     events = greedy_run(model, tiny_tokenizer, prompt, 12)
-    entropies = sorted(e.metrics["entropy"] for e in events)
-    varentropies = sorted(e.metrics["varentropy"] for e in events)
+    xs = sorted(e.metrics[m1] for e in events)
+    ys = sorted(e.metrics[m2] for e in events)
     # Thresholds midway between two measured values: deliberate's root row runs
     # the prompt split differently (shared prefix), so its metrics may differ
     # from these in the last float bits, and a threshold equal to a value is a tie.
     mid = lambda xs, i: (xs[i] + xs[i + 1]) / 2  # noqa: E731
-    for h, v in [(mid(entropies, 6), 1e9), (1e9, mid(varentropies, 8)), (mid(entropies, 9), mid(varentropies, 9))]:
-        cfg = DeliberateConfig(
-            first_alternatives=0, branch_entropy=h, branch_varentropy=v, alternatives=1, max_branch_points=50, **WIDE
-        )
+    for x, y in [(mid(xs, 6), 1e9), (1e9, mid(ys, 8)), (mid(xs, 9), mid(ys, 9))]:
+        cfg = DeliberateConfig(first_alternatives=0, alternatives=1, max_branch_points=50, **fields(x, y), **WIDE)
         d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12)
-        expected = [
-            i for i, e in enumerate(events) if i > 0 and (e.metrics["entropy"] > h or e.metrics["varentropy"] > v)
-        ]
+        expected = [i for i, e in enumerate(events) if i > 0 and (e.metrics[m1] > x or e.metrics[m2] > y)]
         assert 0 < len(expected) < 11  # the thresholds really split the positions
         assert d.candidates[0].branched_at == expected
         assert sorted(c.split for c in d.candidates[1:]) == expected
-
-
-def test_the_attention_gate_branches_exactly_where_the_heads_cross_its_thresholds(model, tiny_tokenizer):
-    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
-    events = greedy_run(model, tiny_tokenizer, prompt, 12)
-    attn = sorted(e.metrics["attn_entropy"] for e in events)
-    disagreement = sorted(e.metrics["agreement"] for e in events)
-    mid = lambda xs, i: (xs[i] + xs[i + 1]) / 2  # noqa: E731
-    for a, g in [(mid(attn, 6), 1e9), (1e9, mid(disagreement, 8)), (mid(attn, 9), mid(disagreement, 9))]:
-        cfg = DeliberateConfig(
-            first_alternatives=0,
-            branch_gate="attention",
-            branch_attn_entropy=a,
-            branch_agreement=g,
-            branch_entropy=0.0,  # the logits gate would branch everywhere: it must not be read
-            alternatives=1,
-            max_branch_points=50,
-            **WIDE,
-        )
-        d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12)
-        expected = [
-            i for i, e in enumerate(events) if i > 0 and (e.metrics["attn_entropy"] > a or e.metrics["agreement"] > g)
-        ]
-        assert 0 < len(expected) < 11
-        assert d.candidates[0].branched_at == expected
 
 
 def test_first_token_alternatives_and_the_branch_point_cap(model, tiny_tokenizer):
