@@ -98,7 +98,9 @@ NEW_MODEL_DELIBERATE = {
     "budget": 6.0,
     "selector": "continuation_margin",
     "margin": 0.1,
-    "clean_first": "loop",
+    # Unlike the bundled card: a chain of thought cut off by the length limit has not reached
+    # its answer, and one that ended wins over it (docs/deliberate.md, "Chain of thought").
+    "clean_first": "loop_or_length",
 }
 ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
 
