@@ -48,6 +48,14 @@ def test_an_answer_cut_off_by_the_length_limit_loses_to_one_that_ended():
     assert select(cands, "continuation_margin", 0.1, clean_first="loop")[0] == 0  # loops only: kept
 
 
+def test_an_answer_that_ended_at_once_never_wins_as_the_clean_one():
+    empty = cand(None, logprob=-0.5)  # its first token ended the turn: no text, no answer
+    cands = [cand("9", None, logprob=-0.1, finish="length"), empty]
+    for rule in ("loop", "loop_or_length"):
+        chosen, reason, _ = select(cands, "continuation_margin", 0.1, clean_first=rule)
+        assert chosen == 0, rule
+
+
 def test_a_degenerate_branch_never_replaces_a_clean_greedy_answer():
     cands = [cand("7", None, logprob=-2.0, margin=0.1), cand("8", logprob=-0.1, loop=LOOP_ALERT, margin=0.9)]
     assert select(cands, "logprob", 0.0)[0] == 0

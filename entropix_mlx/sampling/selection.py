@@ -31,10 +31,12 @@ class Candidate:
 
     def flaw(self, rule: str = "loop") -> str | None:
         """Why this answer is degenerate under `rule` ("off", "loop",
-        "loop_or_length"), or None: a loop of LOOP_ALERT tokens or more, or
-        (with "loop_or_length") no ending of its own before the length limit."""
+        "loop_or_length"), or None: no text at all, a loop of LOOP_ALERT tokens or
+        more, or (with "loop_or_length") no ending of its own before the length limit."""
         if rule == "off":
             return None
+        if self.answer is None and not self.text.strip():  # ended at once: no answer to prefer
+            return "says nothing"
         if self.loop >= LOOP_ALERT:
             return f"loops ({self.loop} tokens)"
         if rule == "loop_or_length" and self.finish_reason == "length":
