@@ -3,32 +3,21 @@ the length limit loses to one that ended cleanly, whatever its score; and the
 numbers the progress lines give the branches are the summary's."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from test_cli_run import invoke
+from test_deliberate import cand as deliberate_cand
 
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.repetition import LOOP_ALERT
-from entropix_mlx.sampling.selection import Candidate, select
+from entropix_mlx.sampling.selection import select
 
 
 def cand(answer, parent=0, logprob=-1.0, finish="eos", loop=0, margin=0.5):
-    return Candidate(
-        row=0,
-        parent=parent,
-        split=None if parent is None else 0,
-        tokens=[1],
-        text="",
-        answer=answer,
-        logprobs=[logprob],
-        margins=[margin],
-        finish_reason=finish,
-        own_tokens=1,
-        mean_logprob=logprob,
-        answer_margin=margin,
-        continuation_margin=margin,
-        loop=loop,
-    )
+    """test_deliberate's candidate, with an ending, a loop and the continuation margin."""
+    c = deliberate_cand(answer, parent, margin, logprob)
+    return replace(c, finish_reason=finish, loop=loop, continuation_margin=margin)
 
 
 def test_a_looping_greedy_answer_loses_to_a_clean_branch_whatever_its_confidence():
