@@ -120,7 +120,7 @@ def eval_command(
             "--config",
             show_default="the model card",
             help="Entropix sampler settings: a TOML file or a preset (reference, calibrated). "
-            "A TOML file's [deliberate] table sets deliberate.",
+            "A TOML file's \\[deliberate] table sets deliberate.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,

@@ -578,3 +578,25 @@ def test_the_readmes_first_command_answers_right_and_greedy_does_not():
     assert re.search(r"\b8 legs\b", answer())
     assert not re.search(r"\b8\b|eight", answer("--sampler", "greedy"))
     assert "two pairs of legs" in answer("--sampler", "greedy")  # what the README quotes
+
+
+def test_help_keeps_the_square_brackets_its_options_name():
+    """Rich reads `[deliberate]` in a help string as a style tag and drops it ("A
+    TOML file's  table sets deliberate."): a bracketed name in an option's help
+    is escaped, and shows in --help as written."""
+    import re
+
+    import typer
+    from entropix_mlx.cli.app import app, register_commands
+
+    register_commands()
+    checked = 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__.removesuffix("_cmd")
+        click_command = typer.main.get_command(app).commands[name]
+        out = invoke(name, "--help")[1]
+        for param in click_command.params:
+            for tag in re.findall(r"\[[a-z_]+\]", (getattr(param, "help", None) or "").replace("\\[", "[")):
+                assert tag in out, (name, param.name, tag)
+                checked += 1
+    assert checked >= 1
