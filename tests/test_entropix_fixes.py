@@ -268,6 +268,33 @@ def test_confidence_ranks_repeating_paths_last_and_stops_at_the_end_of_turn():
     assert best_path(sampler, paths, [[-1.0] * 3, [math.log(0.3), 0.0, 0.0]], [[0.6, 0.6], [1.0, 1.0]], []) == 0
 
 
+def test_path_confidence_counts_the_candidates_own_probability():
+    """Qwen2.5-Coder on "Which body part do you use to hear?": "Ears" (p 0.57) then
+    a continuation margin of 0.71, "Nose" (p 0.02) then its second piece, sure at
+    0.99. "confidence" looks only after the candidate and says "Nose";
+    "path_confidence" counts the candidate's probability as the path's first
+    certainty and keeps "Ears"."""
+    paths = [[20, 21], [30, EOS], [40, 41]]
+    lps = [[math.log(0.567), -0.2], [math.log(0.296), -0.4], [math.log(0.022), -0.01]]
+    margins = [[0.706], [0.425], [0.99]]
+    picks = {}
+    for select in ("confidence", "path_confidence"):
+        sampler = EntropixSampler(SamplerConfig(branch_select=select, branch_keep_margin=0.1))
+        sampler.eos_tokens = [EOS]
+        picks[select] = best_path(sampler, paths, lps, margins, [])
+    assert picks == {"confidence": 2, "path_confidence": 0}
+    # A less likely candidate still wins when the model is much surer along its path.
+    sampler = EntropixSampler(SamplerConfig(branch_select="path_confidence", branch_keep_margin=0.1))
+    sampler.eos_tokens = [EOS]
+    sure_after = [[0.1], [0.2], [0.99]]
+    assert (
+        best_path(
+            sampler, [[20, 21], [30, 31], [40, 41]], [[math.log(0.4)] * 2, lps[1], [math.log(0.3)] * 2], sure_after, []
+        )
+        == 2
+    )
+
+
 def test_branch_select_is_validated():
     from entropix_mlx.errors import ConfigError
 

@@ -21,7 +21,9 @@ from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_ab
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
 
 
-BRANCH_SELECTS = ("logprob", "confidence")
+BRANCH_SELECTS = ("logprob", "confidence", "path_confidence")
+# The selects that roll out the likeliest tokens and compare how sure the model is of each path.
+CONFIDENCE_SELECTS = ("confidence", "path_confidence")
 
 
 BRANCH_ROLLOUTS = ("greedy", "scored")
@@ -95,7 +97,11 @@ class SamplerConfig(Settings):
     #                the candidate (CoT-decoding's answer confidence, Wang & Zhou
     #                2024), paths with fewer repetition units first. The most
     #                likely candidate keeps its place unless another beats it by
-    #                more than branch_keep_margin.
+    #                more than branch_keep_margin;
+    #   "path_confidence" as "confidence", with the candidate's own probability
+    #                counted as the path's first certainty: after a short answer the
+    #                rest of the path (a word's second piece, the end of the turn) is
+    #                sure whatever the answer was.
     branch_select: str = "logprob"
     branch_keep_margin: float = 0.0
     # How a rollout continues after its candidate:

@@ -65,7 +65,7 @@ import math
 import mlx.core as mx
 
 from .candidates import filter_sorted, top_candidates
-from .config import SamplerConfig
+from .config import CONFIDENCE_SELECTS, SamplerConfig
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .repetition import path_repeats, repeat_counts
 from .rollout import branch
@@ -274,7 +274,7 @@ class EntropixSampler(TwoPhaseSampler):
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
         # bits between the best-scored token and the second (inf when only one is possible)
         margin = (vals[0] - vals[1]) * NATS_TO_BITS if vals.shape[0] > 1 else mx.array(mx.inf)
-        top = min(c.branch_candidates, pool)  # the most likely by score, for branch_select "confidence"
+        top = min(c.branch_candidates, pool)  # the most likely by score, for the confidence selects
         return (
             metrics,
             param_rows,
@@ -320,7 +320,7 @@ class EntropixSampler(TwoPhaseSampler):
             else:
                 out, lps, params = tokens["think"], logprobs["think"], params_of("think")
         elif strategy == "branch":
-            if c.branch_select == "confidence":  # the most likely tokens, not drawn ones
+            if c.branch_select in CONFIDENCE_SELECTS:  # the most likely tokens, not drawn ones
                 cands = list(zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist(), strict=False))
             else:
                 kept = plan["kept"]["branch"].tolist()

@@ -9,6 +9,7 @@ import math
 import mlx.core as mx
 
 from ..model.cache import SharedPrefixCache
+from .config import CONFIDENCE_SELECTS
 from .repetition import first_repeat, path_repeats
 from .samplers import Step
 
@@ -20,7 +21,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     The rollout's last forward pass runs for the winner only, on the step's
     own cache (after the winner's earlier rollout keys are appended to it):
     the losers' last pass would be thrown away, and on a CPU a batch of n
-    rows costs nearly n single passes. With branch_select "confidence" the
+    rows costs nearly n single passes. With a confidence branch_select the
     rollout stops once every row has ended its turn (nothing after an end of
     turn is scored), and an accepted path that ends the turn needs no state
     after it. With branch_decide_tokens the rows are compared once their
@@ -28,7 +29,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     stops at its first repetition unit (nothing after it is handed out)."""
     n, depth = len(cands), sampler.config.branch_rollout_tokens
     decide = sampler.config.branch_decide_tokens or depth
-    confidence = sampler.config.branch_select == "confidence"
+    confidence = sampler.config.branch_select in CONFIDENCE_SELECTS
     scored = sampler.config.branch_rollout == "scored" and sampler.config.repetition_penalty > 0
     penalties = step.penalties
     # each row's tokens known on the host
@@ -120,7 +121,8 @@ def best_path(
     "confidence": the fewest repetition units, then the highest mean
     top-1 - top-2 margin after the candidate (up to and including an end
     of turn: what follows it is never said); the first path (the most
-    likely candidate) gets branch_keep_margin on top."""
+    likely candidate) gets branch_keep_margin on top. "path_confidence": as
+    "confidence", the candidate's probability counted as the first margin."""
     c = sampler.config
     if c.branch_select == "logprob":
         return max(range(len(paths)), key=lambda i: sampler.path_score(paths[i], lps[i], history))
@@ -132,6 +134,8 @@ def best_path(
         if ends[i] == 0 and paths[i][0] in sampler.eos_tokens:
             return math.exp(lps[i][0])  # ending here: nothing follows, its own probability is its certainty
         seen = margins[i][: ends[i]]
+        if c.branch_select == "path_confidence":
+            seen = [math.exp(lps[i][0]), *seen]
         return sum(seen) / len(seen) if seen else 0.0
 
     def repeats(i):
