@@ -54,6 +54,7 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     # the new-model defaults: the bundled model's winning settings, and its entropies within the vocabulary
     assert data["sampler"]["strategies"] == ["argmax", "branch", "adaptive"]
     assert data["sampler"]["high_varentropy"] == data["sampler"]["low_varentropy"]
+    assert data["sampler"]["branch_select"] == "path_confidence"
     assert data["sampler"]["high_entropy"] == cal.max_entropy(259) <= math.log2(259)
     assert data["deliberate"]["selector"] == "continuation_margin" and data["deliberate"]["first_alternatives"] == 2
     assert data["deliberate"]["clean_first"] == "loop_or_length"

@@ -71,7 +71,7 @@ REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
 # A model without a card of its own starts from what won on the bundled model's
 # dev split (models/smollm2-135m.toml, [tuning] and [deliberate]): the strategy
-# settings as they are, and the thresholds those settings moved as rules on
+# settings as they are (but for the two marked below), and the thresholds those settings moved as rules on
 # this model's own measurements: the branch state takes every high-varentropy
 # step (high_varentropy at low_varentropy's quantile, high_entropy at the
 # vocabulary's maximum, so resample never fires) and think never fires.
@@ -85,7 +85,10 @@ NEW_MODEL_SAMPLER = {
     "adaptive_max_temperature": 1.5,
     "branch_candidates": 3,
     "branch_rollout_tokens": 16,
-    "branch_select": "confidence",
+    # Unlike the bundled card (level with it on both models' dev splits): a candidate's own
+    # probability counts, so a word's sure second piece cannot carry an unlikely first one
+    # (docs/sampler.md, "Branch: the candidate's own probability").
+    "branch_select": "path_confidence",
     "branch_keep_margin": 0.1,
     "branch_rollout": "scored",
     "branch_decide_tokens": 2,
