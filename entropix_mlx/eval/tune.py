@@ -88,6 +88,12 @@ TUNE_CANDIDATES = (
         )
         for k in (2, 3)
     ),
+    # ... with the candidate's own probability counted in the comparison (a model without a
+    # card gets it: a word's sure second piece cannot carry an unlikely first one).
+    (
+        "path-confidence-16, keep-0.1, think states too, scored rollouts, decide-2",
+        {**SCORED_ROLLOUTS, "branch_decide_tokens": 2, "branch_select": "path_confidence"},
+    ),
 )
 
 
