@@ -87,6 +87,24 @@ def rank_pid(pgid: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank}")
 
 
+def group_left(pgid: int) -> str:
+    """Who of the group is still there, with each one's rank and kernel wait channel:
+    a failure says which process did not end."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or os.getpgid(int(entry.name)) != pgid:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            rank = next((v.decode() for v in environ if v.startswith(b"MLX_RANK=")), "launcher")
+            state = (entry / "stat").read_text().split(") ")[1].split()[0]
+            wchan = (entry / "wchan").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        left.append(f"{entry.name} {rank} state {state} waiting in {wchan or '-'}")
+    return "; ".join(left) or "none"
+
+
 def group_ends(proc: subprocess.Popen, seconds: float) -> bool:
     """Whether the launcher and every rank have exited within `seconds`."""
     deadline = time.monotonic() + seconds
@@ -134,7 +152,7 @@ def test_ctrl_c_ends_every_rank(model_file, tmp_path):
     with server(tmp_path / "two.log", 2, model_file) as (url, proc):
         streamed(url)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends Ctrl-C: to the launcher and every rank
-        assert group_ends(proc, 60), (tmp_path / "two.log").read_text()
+        assert group_ends(proc, 60), f"still running: {group_left(proc.pid)}\n" + (tmp_path / "two.log").read_text()
 
 
 def test_a_taken_port_is_one_line_from_rank_0(model_file):
