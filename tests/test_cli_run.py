@@ -590,12 +590,12 @@ def test_help_keeps_the_square_brackets_its_options_name():
     from entropix_mlx.cli.app import app, register_commands
 
     register_commands()
+    commands = typer.main.get_command(app).commands
     checked = 0
     for command in app.registered_commands:
         name = command.name or command.callback.__name__.removesuffix("_cmd")
-        click_command = typer.main.get_command(app).commands[name]
         out = invoke(name, "--help")[1]
-        for param in click_command.params:
+        for param in commands[name].params:
             for tag in re.findall(r"\[[a-z_]+\]", (getattr(param, "help", None) or "").replace("\\[", "[")):
                 assert tag in out, (name, param.name, tag)
                 checked += 1

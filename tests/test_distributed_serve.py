@@ -72,18 +72,25 @@ def server(log: Path, ranks: int, model: Path):
         proc.wait()
 
 
-def rank_pid(pgid: int, rank: int) -> int:
-    """The process of `rank` among the launcher's children (its MLX_RANK)."""
+def group_members(pgid: int):
+    """(pid, its /proc folder, its environment) for each process of the group."""
     for entry in Path("/proc").iterdir():
         try:
-            if not entry.name.isdigit() or os.getpgid(int(entry.name)) != pgid:
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid:
+                yield int(entry.name), entry, (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def rank_pid(pgid: int, rank: int) -> int:
+    """The process of `rank` among the launcher's children (its MLX_RANK)."""
+    for pid, entry, environ in group_members(pgid):
+        try:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, ProcessLookupError):
             continue
         if f"MLX_RANK={rank}".encode() in environ and b"entropix_mlx" in cmdline and b"bash" not in cmdline:
-            return int(entry.name)
+            return pid
     raise AssertionError(f"no process of rank {rank}")
 
 
@@ -91,17 +98,14 @@ def group_left(pgid: int) -> str:
     """Who of the group is still there, with each one's rank and kernel wait channel:
     a failure says which process did not end."""
     left = []
-    for entry in Path("/proc").iterdir():
+    for pid, entry, environ in group_members(pgid):
+        rank = next((v.decode() for v in environ if v.startswith(b"MLX_RANK=")), "launcher")
         try:
-            if not entry.name.isdigit() or os.getpgid(int(entry.name)) != pgid:
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            rank = next((v.decode() for v in environ if v.startswith(b"MLX_RANK=")), "launcher")
             state = (entry / "stat").read_text().split(") ")[1].split()[0]
             wchan = (entry / "wchan").read_text()
         except (OSError, ProcessLookupError):
             continue
-        left.append(f"{entry.name} {rank} state {state} waiting in {wchan or '-'}")
+        left.append(f"{pid} {rank} state {state} waiting in {wchan or '-'}")
     return "; ".join(left) or "none"
 
 

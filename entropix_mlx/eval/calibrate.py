@@ -71,10 +71,11 @@ REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
 # A model without a card of its own starts from what won on the bundled model's
 # dev split (models/smollm2-135m.toml, [tuning] and [deliberate]): the strategy
-# settings as they are (but for the two marked below), and the thresholds those settings moved as rules on
-# this model's own measurements: the branch state takes every high-varentropy
-# step (high_varentropy at low_varentropy's quantile, high_entropy at the
-# vocabulary's maximum, so resample never fires) and think never fires.
+# settings as they are (but for the two marked below), and the thresholds those
+# settings moved as rules on this model's own measurements: the branch state takes
+# every high-varentropy step (high_varentropy at low_varentropy's quantile,
+# high_entropy at the vocabulary's maximum, so resample never fires) and think
+# never fires.
 NEW_MODEL_SAMPLER = {
     "think_varentropy": 0.0,
     "strategies": ["argmax", "branch", "adaptive"],
