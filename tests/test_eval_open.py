@@ -371,6 +371,15 @@ COT = [
     ("She sells 9 eggs for 2 dollars each, 18 in all.\nAnswer: see above", "18", True),  # no number there: last number
     ("She makes 18 dollars.\nThen 4 more", "4", False),  # last line, as documented
     ("", None, False),
+    # What models write (the equal-cost evaluation issue's cases): the first number
+    # after the last answer mark, \\boxed{} before anything, no "####" rule, LaTeX commas.
+    ("9 * 2 = 18\nAnswer: 18 (after 3 days)", "18", True),
+    ("Answer: 18 eggs/day \u00d7 7 days", "18", True),
+    ("#### Step 3: add them up\n9 + 9 = 18\n\\boxed{18}", "18", True),
+    ("So she makes $\\boxed{18}$ dollars.\nThat is 2 dollars for each of 9 eggs.", "18", True),
+    ("\\boxed{12} is wrong; the total is \\boxed{18}.", "18", True),
+    ("The total is 1{,}250 dollars.\nAnswer: 1{,}250", "1250", False),
+    ("Answer: \\frac{3}{4}", "0.75", False),
 ]
 
 

@@ -20,10 +20,13 @@ a *text* item. `score` applies to the generated text:
   answers "Paris").
 
 Chain of thought (`cot=True`, `eval --cot`): the model reasons first and ends
-with a line "Answer: ...". The answer is read from the last line that has
-"Answer:" (from the text after it), else from the last non-empty line; a number
-item whose line has no number falls back to the whole output's rule above
-(in effect its last number).
+with a line "Answer: ...". A number item's answer is the number in the last
+`\\boxed{...}`; else the first number after the last "Answer:" / "answer is"
+mark ("Answer: 18 (after 3 days)" is 18); else the output's last number. There
+is no "####" rule under chain of thought: models write "#### Step 3:" headers.
+LaTeX thousands separators (`1{,}250`, `1\\,250`) read as 1250. Text and choice
+items are read from the last line that has "Answer:" (the text after it), else
+from the last non-empty line.
 """
 
 import re
@@ -72,6 +75,9 @@ _WORD_NUMBER = re.compile(
 )
 _ANSWER_MARK = re.compile(r"answer\s*(?:is|:|=)", re.IGNORECASE)
 _COT_MARK = re.compile(r"\banswer\s*(?:is\s*:?|:|=)", re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\s*\{")
+_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|\\!|\\ )(?=\d{3}(?!\d))")
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -123,6 +129,40 @@ def extract_number(output: str) -> Fraction | None:
         if after:
             return after[0][0]
     return found[-1][0]
+
+
+def plain_latex(text: str) -> str:
+    """Thousands separators of LaTeX (`1{,}250`, `1\\,250`) as commas, `\\frac{3}{4}` as 3/4."""
+    return _FRAC.sub(r"\1/\2", _LATEX_THOUSANDS.sub(",", text))
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (braces inside it balanced), or None."""
+    found = None
+    for m in _BOXED.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        found = text[m.end() : i - 1] if depth == 0 else text[m.end() :]
+    return found
+
+
+def extract_cot_number(output: str) -> Fraction | None:
+    """A chain of thought's number: the last `\\boxed{}`'s, else the first after
+    the last answer mark, else the last one (see the module's docstring)."""
+    text = plain_latex(output)
+    boxed = last_boxed(text)
+    if boxed is not None:
+        found = list(_numbers(boxed))
+        if found:
+            return found[0][0]
+    marks = list(_COT_MARK.finditer(text))
+    if marks:
+        after = [n for n in _numbers(text) if n[1] >= marks[-1].end()]
+        if after:
+            return after[0][0]
+    return extract_number(text.replace("####", ""))
 
 
 def normalize(text: str) -> str:
@@ -196,13 +236,10 @@ def score(output: str, task, cot: bool = False) -> tuple[str | None, bool]:
     never the other way). With `cot`, from the answer line of a chain of
     thought (`cot_answer_line`)."""
     kind = task.kind
-    if cot:
-        line = cot_answer_line(output)
-        if kind == "number" and extract_number(line) is None:
-            line = output  # no number on the answer line: the whole output's last number
-        output = line
+    if cot and kind != "number":
+        output = cot_answer_line(output)
     if kind == "number":
-        value = extract_number(output)
+        value = extract_cot_number(output) if cot else extract_number(output)
         if value is None:
             return None, False
         expected = {parse_number(a) for a in task.answers} - {None}
