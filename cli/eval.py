@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
+from entropix_mlx.decode.registry import EVAL_SAMPLER_NAMES, VOTE_NAMES, make_sampler
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import resolve
@@ -20,6 +20,7 @@ from entropix_mlx.sampling.config import resolve_config
 from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 from entropix_mlx.sampling.settings import read_toml
 
+from .eval_tables import print_open_table, print_table
 from .options import ModelOpt, WeightsOpt
 from .run import load_model
 
@@ -30,23 +31,48 @@ from .run import load_model
 DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: see above)
 
 # Short answers need few tokens, and 8 rows per batch keep both cores of a small
-# CPU busy. A chain of thought needs room to reason (GSM8K solutions run to ~100-200
-# tokens); open text is judged on its first 64 tokens.
+# CPU busy. A chain of thought needs room to finish: a limit that cuts the baseline
+# off measures the limit, not the sampler (small instruct models write 250-650
+# tokens for a GSM8K solution); open text is judged on its first 64 tokens.
 DEFAULT_MAX_TOKENS = 32
-COT_MAX_TOKENS = 256
+COT_MAX_TOKENS = 768
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_SAMPLERS = "greedy,entropix"
 
 
 def _samplers(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SAMPLER_NAMES]
+    unknown = [n for n in names if n not in EVAL_SAMPLER_NAMES]
     if not names or unknown:
         raise ConfigError(
             f"--samplers {value!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
-            f"give a comma-separated list of: {', '.join(SAMPLER_NAMES)}"
+            f"give a comma-separated list of: {', '.join(EVAL_SAMPLER_NAMES)}"
         )
     return list(dict.fromkeys(names))
+
+
+def _budgets(value: str | None) -> int | list[int] | None:
+    """--max-tokens: one limit, or a comma-separated list of them (every sampler runs at each)."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ConfigError(f"--max-tokens {value!r}: give a whole number of at least 1, or a list such as 512,1024")
+    budgets = list(dict.fromkeys(int(p) for p in parts))
+    return budgets[0] if len(budgets) == 1 else budgets
+
+
+def _item_range(value: str | None, count: int) -> slice:
+    """--items A-B: the split's items at positions A to B (from 0, both included)."""
+    if value is None:
+        return slice(None)
+    first, dash, last = value.partition("-")
+    if not (first.strip().isdigit() and (not dash or last.strip().isdigit())):
+        raise ConfigError(f"--items {value!r}: give positions such as 200-499 (from 0, both included) or one, 7")
+    a, b = int(first), int(last) if dash else int(first)
+    if b < a or a >= count:
+        raise ConfigError(f"--items {value!r}: the split has {count} items (positions 0-{count - 1})")
+    return slice(a, b + 1)
 
 
 def eval_command(
@@ -85,7 +111,9 @@ def eval_command(
     samplers: Annotated[
         str,
         typer.Option(
-            "--samplers", help=f"Comma-separated, from: {', '.join(SAMPLER_NAMES)}. Greedy always runs (the baseline)."
+            "--samplers",
+            help=f"Comma-separated, from: {', '.join(EVAL_SAMPLER_NAMES)}. Greedy always runs (the baseline). "
+            "self_consistency and cisc vote over --k sampled answers; cot_decoding is deliberate's CoT-decoding preset.",
         ),
     ] = DEFAULT_SAMPLERS,
     split: Annotated[
@@ -98,17 +126,29 @@ def eval_command(
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N items (of the split).")] = None,
+    items: Annotated[
+        str | None,
+        typer.Option("--items", help="Only the split's items at positions A-B (from 0, both included), e.g. 200-499."),
+    ] = None,
+    k: Annotated[
+        int,
+        typer.Option(
+            "--k",
+            min=1,
+            help="Answers sampled per question by self_consistency and cisc; the results also show each "
+            "k' up to it, and the k' that spends about as many tokens as each other sampler.",
+        ),
+    ] = 8,
     seeds: Annotated[
         int, typer.Option("--seeds", min=1, help="Runs per stochastic sampler, with seeds --seed, --seed+1, ...")
     ] = 1,
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**62, help="First run seed.")] = 0,
     max_tokens: Annotated[
-        int | None,
+        str | None,
         typer.Option(
             "--max-tokens",
-            min=1,
             show_default=f"{DEFAULT_MAX_TOKENS}; {COT_MAX_TOKENS} with --cot; {DEFAULT_OPEN_TOKENS} with --open",
-            help="Most tokens per answer.",
+            help="Most tokens per answer; a list (512,1024) runs every sampler at each budget, paired item by item.",
         ),
     ] = None,
     batch_size: Annotated[
@@ -132,7 +172,8 @@ def eval_command(
         Path | None,
         typer.Option(
             "--plot",
-            help="Draw accuracy with 95% intervals (with --open: repetition against log-probability) to a PNG.",
+            help="Draw accuracy with 95% intervals against generated tokens per answer, the vote baselines as "
+            "curves over k (with --open: repetition against log-probability) to a PNG.",
         ),
     ] = None,
     weights: WeightsOpt = default_weights(),
@@ -145,9 +186,15 @@ def eval_command(
     from entropix_mlx import eval as ev
 
     names = _samplers(samplers)
+    max_tokens = _budgets(max_tokens)
     if open_text:
-        if "deliberate" in names:  # it picks among whole answers by their task's answer
-            raise ConfigError("--samplers deliberate is for task files; --open measures free writing")
+        whole = [n for n in names if n in ("deliberate", "cot_decoding", *VOTE_NAMES)]
+        if whole:  # they pick among whole answers by their task's answer
+            raise ConfigError(f"--samplers {whole[0]} is for task files; --open measures free writing")
+        if isinstance(max_tokens, list):
+            raise ConfigError("--max-tokens takes one limit with --open")
+        if items is not None:
+            raise ConfigError("--items selects task file items; use --limit with --open")
         if cot:
             raise ConfigError("--cot is for task files; --open measures free writing (use one of them)")
         if split is not None:
@@ -178,9 +225,11 @@ def eval_command(
         task_list = ev.load_prompts(path)[:limit]
     else:
         path = ev.builtin_tasks_path() if builtin else tasks
-        task_list = ev.select_split(ev.load_tasks(path), split)[:limit]
+        task_list = ev.select_split(ev.load_tasks(path), split)
+        task_list = task_list[_item_range(items, len(task_list))][:limit]
         if not task_list:
             raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
+    cot_default = max_tokens is None and cot
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
@@ -191,15 +240,20 @@ def eval_command(
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
     llm, tokenizer, source = load_model(model, weights, card=bool({"entropix", "deliberate"} & set(names)))
+    if cot_default:  # the default room to reason, within a small model's context
+        from entropix_mlx.decode.prompt import encode_chat
 
-    def factory(name):  # the records hold neither metrics nor greedy's log-probabilities
+        prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(True)}]) for t in task_list]
+        max_tokens = max(1, min(max_tokens, llm.args.max_position_embeddings - max(map(len, prompts))))
+
+    def factory(name):  # the records hold each token's log-probability, never its metrics
         return make_sampler(
             name,
             tokenizer=tokenizer,
             model_name=source.name,
             config=config if name == "entropix" or (name == "deliberate" and for_deliberate) else None,
             metrics=False,
-            logprobs=False,
+            k=k if name in VOTE_NAMES else None,
         )
 
     common = dict(
@@ -233,6 +287,8 @@ def eval_command(
         print_open_table(results)
     else:
         print_table(results)
+    for warning in results.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if plot is not None:
         ev.plot(results, plot)
         print(f"plot written to {plot}", file=sys.stderr)
@@ -270,76 +326,6 @@ def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
                 bar.update(job, completed=done - first["done"], description=description)
 
         return run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
-
-
-def _console():
-    """stdout's console; when it is a file or a pipe (no terminal width to fit), wide
-    enough that table cells do not wrap (rich assumes 80 columns there)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
-def print_table(results: dict):
-    from rich.table import Table
-
-    from entropix_mlx.eval import strategy_text, table_rows
-
-    rows = table_rows(results, strategies=False)
-    split = results.get("split", "all")
-    where = f"{results['tasks']} ({split} split)" if split != "all" else results["tasks"]
-    if results.get("cot"):
-        where += ", chain of thought"
-    table = Table(
-        title=f"{results['model']} on {where}: {results['items']} items, "
-        f"at most {results['max_tokens']} tokens per answer"
-    )
-    for column in rows[0]:
-        table.add_column(
-            column, justify="left" if column == "sampler" else "right", no_wrap=column in ("sampler", "tok/s", "p")
-        )
-    for r in rows:
-        table.add_row(*r.values())
-    console = _console()
-    console.print(table)
-    for name, summary in results["samplers"].items():
-        text = strategy_text(name, summary)
-        if text:
-            console.print(f"{name} tokens by strategy: {text}")
-    for name, summary in results["samplers"].items():
-        if summary.get("categories"):
-            shares = ", ".join(f"{c} {100 * v['accuracy']:.0f}% of {v['n']}" for c, v in summary["categories"].items())
-            console.print(f"{name} by category: {shares}")
-    console.print(
-        "tokens: mean per answer. W/L/T: items the sampler got right and greedy wrong / the "
-        "reverse / the same; p: exact two-sided sign test (McNemar).",
-        style="dim",
-    )
-
-
-def print_open_table(results: dict):
-    from rich.table import Table
-
-    from entropix_mlx.eval import open_table_rows
-
-    rows = open_table_rows(results)
-    table = Table(
-        title=f"{results['model']}: open text on {results['prompts']}, {results['items']} prompts, "
-        f"at most {results['max_tokens']} tokens"
-    )
-    for column in rows[0]:
-        table.add_column(column, justify="left" if column == "sampler" else "right", no_wrap=column == "sampler")
-    for r in rows:
-        table.add_row(*r.values())
-    console = _console()
-    console.print(table)
-    console.print(
-        f"rep-4: share of 4-grams already seen earlier in the same output (lower: less repetition); "
-        f"distinct-2: distinct bigrams / bigrams; loop: longest back-to-back repeated span, in tokens; "
-        f"mean logprob: nats per token under the model (higher: more coherent); early: ended before "
-        f"{results['early_tokens']} tokens. W/L/T: prompts with less / more / equal repetition than "
-        f"greedy; p: exact two-sided sign test.",
-        style="dim",
-    )
 
 
 def register(app: typer.Typer):

@@ -7,8 +7,8 @@ from test_batch import TEXTS, make_model, prompts_of, unbatched
 
 from entropix_mlx.decode.engine import BatchEngine
 from entropix_mlx.decode.rows import Request
+from entropix_mlx.sampling.recorder import recording
 from entropix_mlx.sampling.samplers import GREEDY_PARAMS, GreedySampler, Step, plans_in_two_phases
-from entropix_mlx.server.recorder import recording
 
 
 def run_to_end(engine, started=None):

@@ -194,7 +194,17 @@ def test_summary_of_several_seeds():
     assert t["accuracy"] == 0.625 and t["accuracy_std"] == pytest.approx(math.sqrt(0.03125))
     assert t["ci95"] == pytest.approx(list(ev.wilson_interval(2.5, 4)))
     # per item: sampler shares 1, 1, 0.5, 0 against greedy 1, 0, 1, 0
-    assert t["vs_greedy"] == {"wins": 1, "losses": 1, "ties": 2, "p_value": 1.0}
+    vs = t["vs_greedy"]
+    assert {k: vs[k] for k in ("wins", "losses", "ties", "p_value", "p_holm")} == {
+        "wins": 1,
+        "losses": 1,
+        "ties": 2,
+        "p_value": 1.0,
+        "p_holm": 1.0,
+    }
+    # per-item differences 0, 1, -0.5, 0: mean 0.125, sd 0.6292, half-width 1.96 * 0.629 / 2
+    assert vs["difference"] == 0.125
+    assert vs["difference_ci95"] == pytest.approx([0.125 - 0.6166, 0.125 + 0.6166], abs=1e-4)
     assert t["tokens_per_second"] == 4.0 and t["strategy_share"] == {"sample": 1.0}
 
 

@@ -496,10 +496,12 @@ int entropix_thin_gemm_wide(int wide) {
 }
 long entropix_thin_gemm_wide_calls(void) { return wide_calls; }
 
-/* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per thread's
-   share of C's columns (or rows, when it has more rows than columns). The shares are those of
-   the thread count, whichever threads compute them, so the numbers do not depend on the load. */
-enum { SPLIT_MACS = 1 << 21 };
+/* A product of at least SPLIT_MACS multiply-adds: one single-threaded OpenBLAS call per share of
+   SPLIT_SHARE of C's columns (or rows, when it has more rows than columns), shared out over the
+   threads. The shares are fixed by the product alone, not by the thread count or by the threads
+   that turn up: OpenBLAS sums a narrower product in another order (its kernels depend on the
+   sizes), so shares that followed the thread count gave other numbers on another machine. */
+enum { SPLIT_MACS = 1 << 21, SPLIT_SHARE = 128 };
 struct split_job {
     int order, trans_a, trans_b, M, N, K, lda, ldb, ldc, by_columns, share;
     float alpha, beta;
@@ -527,13 +529,11 @@ static void split_chunk(const void *job, int t) {
 static void split_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
 #if !defined(ENTROPIX_NO_THREADS)
-    int threads = pool.workers + 1;
-    if (own_threads && threads > 1 && order == RowMajor && (double)M * N * K >= SPLIT_MACS) {
+    if (own_threads && order == RowMajor && (double)M * N * K >= SPLIT_MACS) {
         int by_columns = N >= M, size = by_columns ? N : M;
-        int share = ((size + threads - 1) / threads + 15) / 16 * 16;   /* whole cache lines of C */
-        struct split_job job = {order, trans_a, trans_b, M, N, K, lda, ldb, ldc, by_columns, share,
+        struct split_job job = {order, trans_a, trans_b, M, N, K, lda, ldb, ldc, by_columns, SPLIT_SHARE,
                                 alpha, beta, A, B, C};
-        run_chunks(split_chunk, &job, threads);
+        run_chunks(split_chunk, &job, (size + SPLIT_SHARE - 1) / SPLIT_SHARE);
         return;
     }
 #endif

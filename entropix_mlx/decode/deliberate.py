@@ -35,7 +35,7 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
-from .engine import generate_batch
+from .engine import by_request, generate_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
 
@@ -61,8 +61,6 @@ def deliberate_batch(
     answer_of = answer_of or (lambda index, text: default_answer(text))
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
-    done: dict[int, list[RowResult]] = {}
-    seconds: dict[int, float] = {}
     rows = generate_batch(
         model,
         tokenizer,
@@ -75,18 +73,16 @@ def deliberate_batch(
         branch_sampler=lambda: BranchSampler(config, spawns=False),
         prefix_cache=prefix_cache,
     )
-    for index, result, spent in rows:
-        if on_row:
-            on_row(index, result)
-        done.setdefault(index, []).append(result)
-        seconds[index] = seconds.get(index, 0.0) + spent
-        root = next((r for r in done[index] if r.parent is None), None)
-        if root is None or len(done[index]) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
-            continue
-        results = sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row))
+    for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
         candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
         chosen, reason, scores = select(candidates, config.selector, config.margin, config.clean_first)
-        yield index, Deliberation(candidates, chosen, reason, scores), seconds.pop(index)
+        yield index, Deliberation(candidates, chosen, reason, scores), seconds
+
+
+def _watched(rows, on_row):
+    for index, result, spent in rows:
+        on_row(index, result)
+        yield index, result, spent
 
 
 def token_strategies(d: Deliberation) -> list[str]:

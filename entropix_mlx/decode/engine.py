@@ -260,3 +260,19 @@ def generate_batch(
             now = time.perf_counter()
             yield row.index, row.result, now - last
             last = now
+
+
+def by_request(rows: Iterator[tuple[int, RowResult, float]]) -> Iterator[tuple[int, list[RowResult], float]]:
+    """`generate_batch`'s rows gathered per request once its root row and every
+    row spawned from it (`Choice.spawn`; the root's metrics count them as
+    `spawned`) have finished: (request index, results root first then by row
+    number, the seconds of them all)."""
+    done: dict[int, list[RowResult]] = {}
+    seconds: dict[int, float] = {}
+    for index, result, spent in rows:
+        done.setdefault(index, []).append(result)
+        seconds[index] = seconds.get(index, 0.0) + spent
+        root = next((r for r in done[index] if r.parent is None), None)
+        if root is None or len(done[index]) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
+            continue
+        yield index, sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row)), seconds.pop(index)

@@ -70,8 +70,11 @@ class Group:
                     engine.on_finish(row, row_caches[i])
             else:
                 rejoin.append(row)
-            for alt, logprob, metrics in row.spawn:  # children of row i, at the position it just decided
-                child = row.child(alt, logprob, metrics, engine.branch_sampler(), next(engine.numbers))
+            taken = []  # children of row i, at the position it just decided
+            for alt, logprob, metrics, *strategy in row.spawn:
+                sampler = engine.branch_sampler()
+                child = row.child(alt, logprob, metrics, sampler, next(engine.numbers), *strategy, taken.count(alt))
+                taken.append(alt)
                 if child.finished:
                     done.append(child)
                 else:

@@ -3,15 +3,20 @@ samplers, and `deliberate`, a decoder of its own (`Deliberator`)."""
 
 from ..errors import ConfigError
 from ..sampling.config import resolve_config
-from ..sampling.deliberate_config import resolve_deliberate
+from ..sampling.deliberate_config import COT_DECODING, resolve_deliberate
 from ..sampling.entropix import EntropixSampler
 from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
+from ..sampling.voting import PRESETS as VOTE_PRESETS
 from .deliberate import Deliberator
+from .voting import Voter
 
 BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p": MinPSampler}
 
 
 SAMPLER_NAMES = ("entropix", *BASELINES, "deliberate")
+# Baselines that vote over k sampled answers: for eval, which compares whole answers.
+VOTE_NAMES = tuple(VOTE_PRESETS)
+EVAL_SAMPLER_NAMES = (*SAMPLER_NAMES, *VOTE_NAMES, "cot_decoding")
 
 
 def make_sampler(
@@ -28,6 +33,16 @@ def make_sampler(
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
     logprobs = overrides.pop("logprobs", True)  # only greedy can do without: the others sample with them
+    if name in VOTE_NAMES:  # k sampled answers and a vote; overrides such as k
+        overrides.pop("metrics", None)
+        return Voter(
+            name, VOTE_PRESETS[name].replace(**overrides), "preset" if not overrides else "preset and overrides"
+        )
+    if name == "cot_decoding":  # deliberate's CoT-decoding preset, whatever the card says
+        overrides.pop("metrics", None)
+        decoder = Deliberator(COT_DECODING.replace(**overrides), "the cot_decoding preset")
+        decoder.name = name
+        return decoder
     if name == "deliberate":  # greedy branches: settings from [deliberate], overrides such as budget
         overrides.pop("metrics", None)
         cfg, source = resolve_deliberate(model_name, config, **overrides)
@@ -44,4 +59,4 @@ def make_sampler(
         except TypeError:
             known = "temperature, top_p, top_k, min_p, metrics"
             raise ConfigError(f"sampler '{name}' takes only {known}; got {', '.join(overrides)}") from None
-    raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(SAMPLER_NAMES)}")
+    raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(EVAL_SAMPLER_NAMES)}")

@@ -110,12 +110,23 @@ class Row:
         if sampler is not None:  # else the engine gives it a pooled one
             sampler.reset()
 
-    def child(self, token: int, logprob: float, metrics: dict, sampler: Sampler, number: int) -> "Row":
+    def child(
+        self,
+        token: int,
+        logprob: float,
+        metrics: dict,
+        sampler: Sampler,
+        number: int,
+        strategy: str = "branch",
+        repeat: int = 0,
+    ) -> "Row":
         """A row that takes `token` instead of this row's last decision, at the
         same position. Its key chain is its own, fixed by the request's seed,
-        the position and the token (so it does not depend on the batch)."""
+        the position, the token and how many siblings took the same token
+        before it (`repeat`: sampled answers may start alike), so it does not
+        depend on the batch."""
         at = self.split_point
-        seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token) % 2**63
+        seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token + repeat * 7_919_993) % 2**63
         request = Request(self.request.prompt, seed, self.request.max_tokens, self.request.penalties)
         row = Row(self.index, request, sampler, number)
         res, mine = row.result, self.result
@@ -126,7 +137,7 @@ class Row:
         if token in self.eos:
             res.finish_reason = "eos"
             return row
-        row._record(token, logprob, "branch", metrics)
+        row._record(token, logprob, strategy, metrics)
         if len(res.tokens) >= self.request.max_tokens:
             res.finish_reason = "length"
         return row

@@ -28,7 +28,7 @@ from .opentext import (
     summarize_open,
     text_metrics,
 )
-from .report import format_p, open_table_rows, plot, plot_open, strategy_text, table_rows
+from .report import format_p, markdown_table, open_table_rows, plot, plot_open, strategy_text, table_rows
 from .runner import EvalConfig, machine_description, rows_for, run_eval, summarize
 from .scoring import (
     LETTERS,
@@ -40,8 +40,9 @@ from .scoring import (
     parse_number,
     score,
 )
-from .stats import Z95, paired_comparison, sign_test, wilson_interval
+from .stats import Z95, holm, paired_comparison, paired_difference, sign_test, wilson_interval
 from .store import ResultStore, common_prefix, item_seed, run_items, sampler_settings
+from .summary import split_label, summarize_rows, vote_ks, with_budget
 from .tasks import (
     CHOICE_PROMPT,
     COT_PROMPTS,

@@ -1,33 +1,56 @@
 """Reports: the CLI's tables, Markdown tables (as in docs/evaluation.md), and the plots."""
 
+from .summary import split_label
+
 
 def format_p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def table_rows(results: dict, strategies: bool = True) -> list[dict]:
-    """One row of display strings per sampler (the CLI's table, the Markdown one)."""
+    """One row of display strings per sampler and budget (the CLI's table, the
+    Markdown one): accuracy, then what it cost with every candidate counted,
+    then the paired comparison with greedy at the same budget."""
     rows = []
+    split = results.get("split", "all")
     for name, s in results["samplers"].items():
         lo, hi = s["ci95"]
         acc = f"{100 * s['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
         if s["seeds"] > 1:
             acc += f" sd {100 * s['accuracy_std']:.1f} ({s['seeds']} seeds)"
         vs = s.get("vs_greedy")
-        split = results.get("split", "all")
         row = {
             "sampler": name,
             f"{split} accuracy [95% CI]" if split != "all" else "accuracy [95% CI]": acc,
             "n": str(s["n"]),
-            "tokens": f"{s['mean_tokens']:.1f}",
-            "tok/s": f"{s['tokens_per_second']:.2f}",
+            "gen tokens": f"{s.get('tokens_generated', s['mean_tokens']):.1f}",
+            "s/answer": f"{s['seconds_per_answer']:.2f}" if "seconds_per_answer" in s else "",
+            "cut off": _pct(s.get("cut_off")),
+            "no answer": _pct(s.get("no_answer")),
             "W/L/T vs greedy": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
+            "diff [95% CI]": "",
             "p": format_p(vs["p_value"]) if vs else "",
+            "p Holm": format_p(vs["p_holm"]) if vs and "p_holm" in vs else "",
         }
+        if vs and "difference" in vs:
+            d, (dlo, dhi) = vs["difference"], vs["difference_ci95"]
+            row["diff [95% CI]"] = f"{100 * d:+.1f} [{100 * dlo:+.1f}, {100 * dhi:+.1f}]"
         if strategies:
             row["strategies"] = strategy_text(name, s)
         rows.append(row)
     return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """`table_rows` as a Markdown table (docs/evaluation.md)."""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def strategy_text(name: str, summary: dict) -> str:
@@ -49,25 +72,41 @@ def _pyplot():
 
 
 def plot(results: dict, path) -> None:
-    """Accuracy with 95% intervals per sampler (or, for open-text results,
-    `plot_open`), as a PNG (needs matplotlib)."""
+    """Accuracy with 95% intervals against generated tokens per answer (every
+    candidate counted), one point per sampler and budget, the vote rows as
+    curves over k: the cost/accuracy frontier, as a PNG (needs matplotlib).
+    Open-text results: `plot_open`."""
     if results.get("mode") == "open":
         return plot_open(results, path)
     plt = _pyplot()
-
-    names = list(results["samplers"])
-    acc = [100 * results["samplers"][n]["accuracy"] for n in names]
-    lo = [a - 100 * results["samplers"][n]["ci95"][0] for a, n in zip(acc, names, strict=False)]
-    hi = [100 * results["samplers"][n]["ci95"][1] - a for a, n in zip(acc, names, strict=False)]
-    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
-    ax.bar(names, acc, yerr=[lo, hi], capsize=6, color="#4c72b0")
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    curves: dict[str, list] = {}
+    for name, s in results["samplers"].items():
+        base, budget = split_label(name)
+        x, y = s.get("tokens_generated", s["mean_tokens"]), 100 * s["accuracy"]
+        err = [[y - 100 * s["ci95"][0]], [100 * s["ci95"][1] - y]]
+        if " k=" in base:  # a vote row: a point of its method's curve
+            method = base.split(" k=")[0] + (f" @{budget}" if budget else "")
+            curves.setdefault(method, []).append((x, y, err, base.split(" k=")[1]))
+            continue
+        ax.errorbar([x], [y], yerr=err, fmt="o", capsize=4, label=name)
+    for method, points in curves.items():
+        points.sort()
+        line = ax.plot([p[0] for p in points], [p[1] for p in points], "-", marker="s", label=f"{method} (k)")[0]
+        for x, y, err, k in points:
+            ax.errorbar([x], [y], yerr=err, fmt="none", capsize=3, color=line.get_color(), alpha=0.5)
+            ax.annotate(k, (x, y), textcoords="offset points", xytext=(4, -12), fontsize=8, color=line.get_color())
+    ax.set_xscale("log")
+    ax.set_xlabel("generated tokens per answer, every candidate counted (log scale)")
     ax.set_ylabel("accuracy (%) with 95% Wilson interval")
-    ax.set_ylim(0, 100)
     split = results.get("split", "all")
     where = f"{results['tasks']}, {split} split" if split != "all" else results["tasks"]
-    ax.set_title(f"{results['model']} on {where} ({results['items']} items)")
+    items = results.get("item_range") or f"{results['items']} items"
+    ax.set_title(f"{results['model']} on {where} (items {items})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

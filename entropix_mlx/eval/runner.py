@@ -10,21 +10,23 @@ prompt version, split and sampler settings; `store` describes the rest of DIR.
 
 import os
 import platform
-import statistics
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
-from functools import partial
 
 import mlx.core as mx
 
 from ..decode.generate import as_decoder
 from ..decode.prompt import encode_chat
+from ..sampling.recorder import recording
 from .scoring import score
-from .stats import paired_comparison, wilson_interval
 from .store import default_sampler_factory, run_items, settings_by_sampler
+from .summary import split_label, summarize_rows, with_budget
 from .tasks import PROMPT_VERSION, Task
+
+RECORDED_ALTERNATIVES = 3  # the most likely tokens kept in each record, per generated token
 
 
 @dataclass
@@ -32,20 +34,31 @@ class EvalConfig:
     samplers: list[str]
     seeds: int = 1
     seed: int = 0  # the first run seed; runs use seed, seed + 1, ...
-    max_tokens: int = 32
+    max_tokens: int | list[int] = 32  # a list: every sampler runs at each budget, rows `name@budget`
     batch_size: int = 8
     model_name: str = "model"
     tasks_name: str = "tasks"
     split: str = "all"  # which split the tasks are (a label: the caller filters with select_split)
     cot: bool = False  # chain of thought: reasoning prompts, the answer read from the last line
 
+    @property
+    def budgets(self) -> list[int | None]:
+        """The token limits, or [None] for a single one (rows are then plain names)."""
+        return list(self.max_tokens) if isinstance(self.max_tokens, list) else [None]
+
+    def budget(self, label: str) -> int:
+        return split_label(label)[1] or (self.max_tokens if isinstance(self.max_tokens, int) else self.max_tokens[0])
+
     def runs(self) -> list[tuple[str, int]]:
-        """(sampler, run seed) pairs. Greedy is deterministic: one run, and it
-        always runs, as the baseline of the paired comparison."""
-        out = [("greedy", self.seed)]
-        for name in self.samplers:
-            if name != "greedy":
-                out += [(name, self.seed + s) for s in range(self.seeds)]
+        """(run label, run seed) pairs; a label is the sampler's name, with
+        `@budget` when there are several budgets. Greedy is deterministic: one
+        run per budget, and it always runs, as the baseline."""
+        out = []
+        for budget in self.budgets:
+            out.append((with_budget("greedy", budget), self.seed))
+            for name in self.samplers:
+                if name != "greedy":
+                    out += [(with_budget(name, budget), self.seed + s) for s in range(self.seeds)]
         return out
 
 
@@ -78,7 +91,8 @@ def run_eval(
     with the model's card). `progress(done, total, description)` is called
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
-    make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
+    named = make_sampler or default_sampler_factory(tokenizer, config)
+    make_sampler = lambda label: named(split_label(label)[0])  # noqa: E731  (a run's label may carry @budget)
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
     runs = config.runs()
     identity = {
@@ -92,9 +106,9 @@ def run_eval(
         identity["cot"] = True
 
     def rows(name, todo, requests, prefix):
-        return rows_for(
-            make_sampler(name), partial(make_sampler, name), model, tokenizer, requests, todo, config, prefix
-        )
+        # Each slot's sampler records its alternatives: a vote or a margin is then recomputed from the records.
+        make = lambda: recording(make_sampler(name), RECORDED_ALTERNATIVES)  # noqa: E731
+        return rows_for(make_sampler(name), make, model, tokenizer, requests, todo, config, prefix)
 
     def fields(task, prompt, result, seconds):
         output = tokenizer.decode(result.tokens)
@@ -109,89 +123,62 @@ def run_eval(
             "thinking_insertions": result.thinking_insertions,
             "finish_reason": result.finish_reason,
             "seconds": round(seconds, 4),
+            "prompt_tokens": len(prompt),
+            "logprobs": [None if lp is None else round(lp, 4) for lp in result.logprobs],
+            "top": [[[t, round(lp, 3)] for t, lp in top] for top in result.tops],
             **getattr(result, "extra", {}),
         }
 
     store = run_items(
-        tasks, prompts, identity, runs, config.max_tokens, rows, fields, out_dir, progress, on_record, config.batch_size
+        tasks, prompts, identity, runs, config.budget, rows, fields, out_dir, progress, on_record, config.batch_size
     )
     if store is None:  # a rank other than 0 under a launcher: rank 0 holds the records
         return None
-    results = summarize(store.records, tasks, config)
+    results = summarize(store.records, tasks, config, identity["samplers"])
+    if config.split != "dev":  # the protocol: every scoring of held-out items is on record
+        results["scorings"] = store.log_scoring(
+            {
+                "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "items": results["item_range"],
+                "rows": list(results["samplers"]),
+            }
+        )
     store.write_results(results)
     return results
 
 
-def summarize(records: dict, tasks: list[Task], config: EvalConfig) -> dict:
-    indices = [t.index for t in tasks]
-    per_sampler: dict[str, list[tuple[int, list[dict]]]] = {}
-    for name, seed in config.runs():
-        per_sampler.setdefault(name, []).append((seed, [records[(name, seed, i)] for i in indices]))
-
-    def share_correct(runs):
-        return {i: sum(recs[k]["correct"] for _, recs in runs) / len(runs) for k, i in enumerate(indices)}
-
-    greedy_share = share_correct(per_sampler["greedy"])
-    out = {}
-    for name, runs in per_sampler.items():
-        run_stats = []
-        for seed, recs in runs:
-            k, n = sum(r["correct"] for r in recs), len(recs)
-            tokens, seconds = sum(r["tokens"] for r in recs), sum(r["seconds"] for r in recs)
-            run_stats.append(
-                {
-                    "seed": seed,
-                    "correct": k,
-                    "n": n,
-                    "accuracy": k / n,
-                    "ci95": list(wilson_interval(k, n)),
-                    "mean_tokens": tokens / n,
-                    "tokens_per_second": tokens / seconds if seconds else 0.0,
-                }
-            )
-        accuracies = [r["accuracy"] for r in run_stats]
-        all_recs = [r for _, recs in runs for r in recs]
-        strategies = Counter()
-        for r in all_recs:
-            strategies.update(r["strategies"])
-        n_tokens = sum(strategies.values())
-        seconds = sum(r["seconds"] for r in all_recs)
-        mean = statistics.fmean(accuracies)
-        entry = {
-            "runs": run_stats,
-            "n": len(indices),
-            "seeds": len(runs),
-            "accuracy": mean,
-            "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
-            "ci95": list(wilson_interval(mean * len(indices), len(indices))),
-            "mean_tokens": statistics.fmean(r["tokens"] for r in all_recs),
-            "tokens_per_second": sum(r["tokens"] for r in all_recs) / seconds if seconds else 0.0,
-            "strategy_share": {s: c / n_tokens for s, c in strategies.most_common()} if n_tokens else {},
-            "thinking_insertions": sum(r["thinking_insertions"] for r in all_recs),
-        }
-        shares, categories = share_correct(runs), {}
-        for t in tasks:
-            if t.category is not None:
-                categories.setdefault(t.category, []).append(shares[t.index])
-        if categories:
-            entry["categories"] = {
-                c: {"n": len(v), "accuracy": statistics.fmean(v)} for c, v in sorted(categories.items())
-            }
-        if name != "greedy":
-            entry["vs_greedy"] = paired_comparison(shares, greedy_share)
-        out[name] = entry
+def summarize(records: dict, tasks: list[Task], config: EvalConfig, settings: dict | None = None) -> dict:
+    """The results of `records` over `tasks`: rows, pairs and warnings (`summary`),
+    with what the eval was about."""
+    rows, pairs, warnings = summarize_rows(records, tasks, config, settings)
     return {
         "model": config.model_name,
         "tasks": config.tasks_name,
         "split": config.split,
         "cot": config.cot,
-        "items": len(indices),
+        "items": len(tasks),
+        "item_range": item_range([t.index for t in tasks]),
         "max_tokens": config.max_tokens,
         "batch_size": config.batch_size,
         "date": date.today().isoformat(),
         "machine": machine_description(),
-        "samplers": out,
+        "samplers": rows,
+        "pairs": pairs,
+        "warnings": warnings,
     }
+
+
+def item_range(indices: list[int]) -> str:
+    """Which items, as runs of consecutive task-file positions: "200-499", "0-9, 20"."""
+    runs, out = [], []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(f"{a}-{b}" if b > a else str(a))
+    return ", ".join(out)
 
 
 def machine_description() -> str:

@@ -6,7 +6,10 @@ standard deviation over --seeds runs. The paired comparison against greedy works
 per item on any per-item value (share of correct runs, or an open-text metric):
 wins / losses / ties count items where the sampler is better / worse / equal,
 and the p-value is the exact two-sided sign test on wins vs losses (with one seed
-and 0/1 values this is the exact McNemar test).
+and 0/1 values this is the exact McNemar test). Between any two samplers
+the same comparison holds, with the per-item difference's 95% interval
+(`paired_difference`); p-values of several rows are adjusted with Holm's
+method (`holm`).
 """
 
 import math
@@ -50,3 +53,32 @@ def paired_comparison(sampler: dict[int, float], greedy: dict[int, float], highe
     wins = sum(sign * (sampler[i] - greedy[i]) > 0 for i in items)
     losses = sum(sign * (sampler[i] - greedy[i]) < 0 for i in items)
     return {"wins": wins, "losses": losses, "ties": len(items) - wins - losses, "p_value": sign_test(wins, losses)}
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float], z: float = Z95) -> dict:
+    """Mean per-item difference a - b (e.g. of accuracy: items right) over the
+    items both have, with a 95% interval from the normal approximation to the
+    per-item differences (for 0/1 values, the Wald interval of a paired
+    difference of proportions). Several seeds enter as each item's share of
+    correct runs, so the interval counts items, not runs."""
+    items = sorted(set(a) & set(b))
+    n = len(items)
+    if n == 0:
+        return {"difference": 0.0, "ci95": [0.0, 0.0], "n": 0}
+    d = [a[i] - b[i] for i in items]
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    half = z * math.sqrt(var / n)
+    return {"difference": mean, "ci95": [mean - half, mean + half], "n": n}
+
+
+def holm(p_values: dict) -> dict:
+    """Holm's step-down adjustment of several p-values ({name: p} -> {name:
+    adjusted p}): it keeps the chance of any false discovery among them at the
+    nominal level, whichever are true."""
+    order = sorted(p_values, key=lambda k: p_values[k])
+    m, running, out = len(order), 0.0, {}
+    for rank, key in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[key]))
+        out[key] = running
+    return out

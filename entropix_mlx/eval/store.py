@@ -51,11 +51,9 @@ def settings_by_sampler(make_sampler: Callable, runs: list[tuple[str, int]]) -> 
 
 
 def default_sampler_factory(tokenizer, config) -> Callable:
-    """`make_sampler(name)` with the model's card, metrics off for baselines, and
-    greedy's log-probabilities too: the records never hold them."""
-    return lambda name: registry.make_sampler(
-        name, tokenizer=tokenizer, model_name=config.model_name, metrics=False, logprobs=False
-    )
+    """`make_sampler(name)` with the model's card and metrics off for baselines:
+    the records hold each token's log-probability, never its metrics."""
+    return lambda name: registry.make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
 
 
 class ResultStore:
@@ -120,6 +118,16 @@ class ResultStore:
             with open(self.dir / "items.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def log_scoring(self, entry: dict) -> list[dict]:
+        """Append one scoring of these items to DIR/scoring_log.jsonl; every
+        entry so far, this one last (just this one without a directory)."""
+        if self.dir is None:
+            return [entry]
+        log = self.dir / "scoring_log.jsonl"
+        with open(log, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
     def write_results(self, results: dict):
         if self.dir is not None:
             (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -149,6 +157,11 @@ def new_record(name: str, seed: int, item, prompt_of: dict, fields: dict) -> dic
     }
 
 
+def budget_of(max_tokens, name: str) -> int:
+    """The token limit of run `name`: `max_tokens` itself, or its value for that run."""
+    return max_tokens(name) if callable(max_tokens) else max_tokens
+
+
 Rows = Callable[[str, list, list[Request], list[int]], Iterable[tuple[int, object, float]]]
 
 
@@ -157,7 +170,7 @@ def run_items(
     prompts: list[list[int]],
     identity: dict,
     runs: list[tuple[str, int]],
-    max_tokens: int,
+    max_tokens: int | Callable[[str], int],
     rows: Rows,
     fields: Callable[[object, list[int], object, float], dict],
     out_dir=None,
@@ -189,7 +202,9 @@ def run_items(
         todo = [item for item in items if (name, seed, item.index) not in store.records]
         if not todo:
             continue
-        requests = [Request(prompt_of[item.index], item_seed(seed, item.index), max_tokens) for item in todo]
+        requests = [
+            Request(prompt_of[item.index], item_seed(seed, item.index), budget_of(max_tokens, name)) for item in todo
+        ]
         for i, result, seconds in rows(name, todo, requests, prefix):
             record = new_record(
                 name, seed, todo[i], prompt_of, fields(todo[i], prompt_of[todo[i].index], result, seconds)
@@ -243,7 +258,10 @@ def run_items_sharded(
         todo = [item for item in items if (name, seed, item.index) not in finished]
         for start in range(0, len(todo), chunk):
             share = todo[start : start + chunk][w.rank :: w.size]
-            requests = [Request(prompt_of[item.index], item_seed(seed, item.index), max_tokens) for item in share]
+            requests = [
+                Request(prompt_of[item.index], item_seed(seed, item.index), budget_of(max_tokens, name))
+                for item in share
+            ]
             records = []
             for i, result, seconds in rows(name, share, requests, prefix) if share else ():
                 item = share[i]

@@ -96,6 +96,14 @@ RULES = {
 }
 
 
+# CoT-decoding (Wang & Zhou 2024) as a preset: the top 10 first tokens (the
+# greedy one and 9 alternatives), each continued greedily, no later branching;
+# the answer with the largest answer-span margin p(top1) - p(top2) is kept.
+COT_DECODING = DeliberateConfig(
+    first_alternatives=9, max_branch_points=0, max_branches=9, budget=10.0, selector="max_margin", clean_first="off"
+)
+
+
 def load_config(path, base: DeliberateConfig | None = None) -> DeliberateConfig:
     """Fields from a TOML file's `[deliberate]` table (or its top level) over `base`."""
     return DeliberateConfig.from_toml(path, base)

@@ -45,7 +45,8 @@ class Choice:
     inserted: bool = False  # the tokens are an inserted thinking text, not sampled
     note: str = ""  # what the sampler had to repair, e.g. NaN logits ("" when nothing)
     # Alternatives to this (one-token) choice, each to start a row of its own at
-    # this position in batched generation: (token, logprob, metrics). See decode/group.py.
+    # this position in batched generation: (token, logprob, metrics[, strategy of its
+    # first token, "branch" if not given]). See decode/group.py.
     spawn: list = field(default_factory=list)
     # The k most likely next tokens where this choice was made, (token, logprob)
     # pairs, filled only when a recorder asks (the server's top_logprobs).

@@ -22,7 +22,7 @@ from ..decode.engine import BatchEngine
 from ..decode.events import TextStream, TokenEvent
 from ..decode.rows import Request
 from ..model.cache import KVCache
-from .recorder import recording
+from ..sampling.recorder import recording
 from .responses import chat_logprob, record
 from .stops import StopScanner
 

@@ -8,7 +8,7 @@ from importlib import resources
 
 from ..decode.registry import SAMPLER_NAMES
 from ..sampling.config import THRESHOLDS, resolve_config
-from .recorder import recording
+from ..sampling.recorder import recording
 from .responses import record
 from .strategies import page_info
 

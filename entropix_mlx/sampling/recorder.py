@@ -1,8 +1,8 @@
-"""The k most likely next tokens at each decision, for the server's top_logprobs."""
+"""The k most likely next tokens at each decision: the server's top_logprobs, and eval's records."""
 
 import mlx.core as mx
 
-from ..sampling.samplers import TwoPhaseSampler, plans_in_two_phases
+from .samplers import TwoPhaseSampler, plans_in_two_phases
 
 
 def _top(logits: mx.array, k: int):

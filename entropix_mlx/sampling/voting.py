@@ -1,0 +1,106 @@
+"""Self-consistency and CISC: k sampled answers, then a vote over what they answer.
+
+Self-consistency (Wang et al. 2023) samples k chains of thought and keeps the
+answer most of them give. CISC (Taubenfeld et al. 2025, "Confidence Improves
+Self-Consistency in LLMs") weights each vote by the model's confidence in its
+answer; here the length-normalized sequence probability, one of the paper's
+confidence measures: a sample's mean token log-probability c, weighted
+softmax(c / confidence_temperature) over the k samples.
+
+The k answers share one prefill: the root row draws k first tokens
+independently and starts a row for each but its own (`Choice.spawn`), each
+continuing on a copy of the root's cache with its own key chain.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .samplers import Choice, Step, TemperatureSampler, filtered_logprobs, sanitize_logits
+from .settings import Settings, at_least, rule, validate
+
+VOTES = ("majority", "confidence")
+
+
+@dataclass(frozen=True)
+class VoteConfig(Settings):
+    kind = "vote"
+
+    k: int = 8  # answers sampled per question
+    # The usual chain-of-thought sampling settings of self-consistency.
+    temperature: float = 0.7
+    top_p: float = 0.95
+    vote: str = "majority"  # "confidence": CISC's weighted vote
+    confidence_temperature: float = 0.1  # CISC's softmax temperature over the samples' mean log-probabilities
+
+    def __post_init__(self):
+        validate(self, RULES)
+
+
+RULES = {
+    "k": at_least(1),
+    "temperature": rule(lambda v: v > 0, "must be > 0 (self-consistency samples)"),
+    "top_p": rule(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "vote": rule(lambda v: v in VOTES, f"choose one of: {', '.join(VOTES)}"),
+    "confidence_temperature": rule(lambda v: v > 0, "must be > 0"),
+}
+
+PRESETS = {"self_consistency": VoteConfig(), "cisc": VoteConfig(vote="confidence")}
+
+
+class SampleSpawner:
+    """Temperature and top-p sampling; on the root row (`spawns`), the first
+    decision draws k first tokens independently, takes the first and spawns a
+    row for each of the others. Its metrics say how many (`spawned`), so the
+    caller knows when every answer of the question is in."""
+
+    name = "self_consistency"
+
+    def __init__(self, config: VoteConfig, spawns: bool = True):
+        self.config, self.spawns = config, spawns
+        self.inner = TemperatureSampler(config.temperature, top_p=config.top_p, metrics=False)
+        self.first = True
+
+    def reset(self):
+        self.first = True
+
+    def choose(self, step: Step, key: mx.array) -> Choice:
+        first, self.first = self.first, False
+        if not (first and self.spawns and self.config.k > 1):
+            return self.inner.choose(step, key)
+        logits, _ = sanitize_logits(step.logits)
+        filtered = filtered_logprobs(logits, self.config.temperature, 0, self.config.top_p)
+        tokens = mx.random.categorical(filtered, num_samples=self.config.k, key=key)
+        logprobs = (logits - mx.logsumexp(logits))[tokens]
+        mx.eval(tokens, logprobs)
+        tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        spawn = [(t, lp, {}, "sample") for t, lp in zip(tokens[1:], logprobs[1:], strict=True)]
+        params = dict(self.inner.params)
+        return Choice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)
+
+
+def confidence_weights(mean_logprobs: Sequence[float], temperature: float) -> list[float]:
+    """CISC's weights: softmax of the samples' confidences over `temperature`."""
+    if not mean_logprobs:
+        return []
+    top = max(mean_logprobs)
+    raw = [math.exp((c - top) / temperature) for c in mean_logprobs]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def vote(answers: Sequence[str | None], mean_logprobs: Sequence[float], how: str, temperature: float = 0.1):
+    """(index of the sample whose answer wins, {answer: its votes}). Samples
+    without an answer do not vote; ties go to the answer given first. With
+    no answer at all, sample 0 and no votes."""
+    weights = [1.0] * len(answers) if how == "majority" else confidence_weights(mean_logprobs, temperature)
+    votes: dict[str, float] = {}
+    for answer, w in zip(answers, weights, strict=True):
+        if answer is not None:
+            votes[answer] = votes.get(answer, 0.0) + w
+    if not votes:
+        return 0, votes
+    best = max(votes, key=lambda a: (votes[a], -answers.index(a)))
+    return answers.index(best), votes
