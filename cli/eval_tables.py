@@ -11,6 +11,12 @@ def _console():
     return console if console.is_terminal else Console(width=200)
 
 
+def _range(results: dict) -> str:
+    """Which items, when they are a few runs of positions (a split's items are scattered)."""
+    items = results.get("item_range", "")
+    return f" ({items})" if items and items.count(",") < 3 else ""
+
+
 def print_table(results: dict):
     from rich.table import Table
 
@@ -24,7 +30,7 @@ def print_table(results: dict):
     budget = results["max_tokens"]
     budget = " or ".join(map(str, budget)) if isinstance(budget, list) else budget
     table = Table(
-        title=f"{results['model']} on {where}: {results['items']} items ({results.get('item_range', '')}), "
+        title=f"{results['model']} on {where}: {results['items']} items{_range(results)}, "
         f"at most {budget} tokens per answer"
     )
     for column in rows[0]:

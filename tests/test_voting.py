@@ -58,7 +58,9 @@ def test_k_answers_share_one_prefill_and_differ(model, tiny_tokenizer):
         samples = r.extra["samples"]
         assert len(samples) == 4 and r.extra["tokens_spent"] == sum(s["tokens"] for s in samples)
         assert len({s["text"] for s in samples}) > 1  # sampled, each with its own key chain
-        assert all(len(s["logprobs"]) == s["tokens"] for s in samples)
+        assert all(len(s["logprobs"]) == len(s["top"]) == s["tokens"] for s in samples)
+        # the alternatives where each sample's sampler chose (a spawned sample's first token was chosen by its root)
+        assert all(len(top) == 3 for s in samples for top in s["top"][1:])
 
 
 def test_answers_do_not_depend_on_the_batch(model, tiny_tokenizer):
@@ -127,6 +129,9 @@ def test_cot_decoding_preset_keeps_the_largest_answer_margin(model, tiny_tokeniz
     best = max(range(10), key=lambda i: candidates[i]["answer_margin"])
     assert candidates[result.extra["chosen"]]["answer_margin"] == candidates[best]["answer_margin"]
     assert result.extra["tokens_spent"] == sum(c["own_tokens"] for c in candidates)
+    # every candidate keeps each token's alternatives (the rule of another selector can be recomputed)
+    assert all(len(c["top"]) == len(c["logprobs"]) for c in candidates)
+    assert all(len(top) == 3 for top in candidates[0]["top"])
 
 
 TASKS = [ev.Task(i, q, [a]) for i, (q, a) in enumerate([("one plus one", "2"), ("two plus two", "4"), ("x", "1")])]

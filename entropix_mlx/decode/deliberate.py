@@ -33,6 +33,7 @@ import mlx.core as mx
 from ..errors import ConfigError
 from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
+from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
 from .engine import by_request, generate_batch
@@ -50,6 +51,7 @@ def deliberate_batch(
     prefix: list[int] | None = None,
     on_row: Callable | None = None,
     prefix_cache=None,
+    alternatives: int = 0,
 ) -> Iterator[tuple[int, Deliberation, float]]:
     """Deliberate every request; yields (request index, deliberation, seconds)
     as answers complete. `answer_of(index, text)` extracts a candidate's answer
@@ -57,7 +59,8 @@ def deliberate_batch(
     each with its branches; with one, the whole prompt but its last token is
     the shared prefix (default `prefix`: the requests' common beginning).
     `on_row(index, result)` sees every row as it finishes (progress display);
-    `prefix_cache`, the prefix already run (see `generate_batch`)."""
+    `prefix_cache`, the prefix already run (see `generate_batch`);
+    `alternatives`: the most likely tokens each row records per step (eval's records)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
@@ -65,12 +68,12 @@ def deliberate_batch(
         model,
         tokenizer,
         requests,
-        lambda: BranchSampler(config),
+        lambda: recording(BranchSampler(config), alternatives),
         batch_size,
         prefix=prefix,
         share_prefix=bool(prefix),
         groups=1,
-        branch_sampler=lambda: BranchSampler(config, spawns=False),
+        branch_sampler=lambda: recording(BranchSampler(config, spawns=False), alternatives),
         prefix_cache=prefix_cache,
     )
     for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
@@ -112,7 +115,10 @@ def eval_rows(
 ) -> Iterator[tuple[int, RowResult, float]]:
     """For `eval`: `deliberate_batch` with each answer as the winner's RowResult,
     plus `extra` for the item's record (tokens spent, branches, each candidate)."""
-    for index, d, seconds in deliberate_batch(model, tokenizer, requests, config, answer_of, batch_size, prefix):
+    rows = deliberate_batch(
+        model, tokenizer, requests, config, answer_of, batch_size, prefix, alternatives=KEPT_ALTERNATIVES
+    )
+    for index, d, seconds in rows:
         w = d.winner
         result = RowResult(
             tokens=w.tokens,
@@ -141,6 +147,7 @@ def eval_rows(
                         "loop",
                         "logprobs",
                         "margins",
+                        "top",
                         "text",
                     )
                 }

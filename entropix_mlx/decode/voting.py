@@ -7,6 +7,7 @@ of the first k' < k samples, is recomputed from one run without decoding."""
 from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
+from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.selection import default_answer
 from ..sampling.voting import SampleSpawner, VoteConfig, vote
 from .engine import by_request, generate_batch
@@ -26,6 +27,7 @@ def sample_record(result: RowResult, text: str, answer: str | None) -> dict:
         "finish_reason": result.finish_reason,
         "mean_logprob": mean(result.logprobs),
         "logprobs": [None if lp is None else round(lp, 4) for lp in result.logprobs],
+        "top": [[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
         "text": text,
     }
 
@@ -47,12 +49,12 @@ def vote_rows(
         model,
         tokenizer,
         requests,
-        lambda: SampleSpawner(config),
+        lambda: recording(SampleSpawner(config), KEPT_ALTERNATIVES),
         in_flight,
         prefix=prefix,
         share_prefix=bool(prefix),
         groups=1,
-        branch_sampler=lambda: SampleSpawner(config, spawns=False),
+        branch_sampler=lambda: recording(SampleSpawner(config, spawns=False), KEPT_ALTERNATIVES),
     )
     for index, results, seconds in by_request(rows):
         texts = [tokenizer.decode(r.tokens) for r in results]

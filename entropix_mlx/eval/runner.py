@@ -20,13 +20,11 @@ import mlx.core as mx
 
 from ..decode.generate import as_decoder
 from ..decode.prompt import encode_chat
-from ..sampling.recorder import recording
+from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from .scoring import score
 from .store import default_sampler_factory, run_items, settings_by_sampler
 from .summary import split_label, summarize_rows, with_budget
 from .tasks import PROMPT_VERSION, Task
-
-RECORDED_ALTERNATIVES = 3  # the most likely tokens kept in each record, per generated token
 
 
 @dataclass
@@ -107,7 +105,7 @@ def run_eval(
 
     def rows(name, todo, requests, prefix):
         # Each slot's sampler records its alternatives: a vote or a margin is then recomputed from the records.
-        make = lambda: recording(make_sampler(name), RECORDED_ALTERNATIVES)  # noqa: E731
+        make = lambda: recording(make_sampler(name), KEPT_ALTERNATIVES)  # noqa: E731
         return rows_for(make_sampler(name), make, model, tokenizer, requests, todo, config, prefix)
 
     def fields(task, prompt, result, seconds):

@@ -57,6 +57,9 @@ class TwoPhaseRecorder(TwoPhaseSampler):
         return choice
 
 
+KEPT_ALTERNATIVES = 3  # eval's records: the most likely tokens kept per generated token
+
+
 def recording(sampler, k: int):
     """`sampler` with its choices' alternatives recorded (itself when k is 0)."""
     if not k:

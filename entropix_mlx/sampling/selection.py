@@ -28,6 +28,7 @@ class Candidate:
     continuation_margin: float = 0.0
     branched_at: list[int] = field(default_factory=list)  # positions where this row spawned branches
     loop: int = 0  # tokens in its longest back-to-back repeat (repetition.longest_loop)
+    top: list = field(default_factory=list)  # per token, the most likely tokens, if the row recorded them
 
     def flaw(self, rule: str = "loop") -> str | None:
         """Why this answer is degenerate under `rule` ("off", "loop",
@@ -219,4 +220,5 @@ def candidate_from(result, tokenizer, answer_of) -> Candidate:
         continuation_margin=_mean(margins[rest]),
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
         loop=longest_loop(result.tokens),
+        top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
     )
