@@ -20,7 +20,7 @@ def convert(
     if source.kind not in ("bundled", "gguf"):
         raise ModelLoadError(f"{model} is already a model directory or repo id; mlx_lm.load opens it as it is")
     path = convert_model(source.path, outdir, weights=weights, overwrite=force)
-    print(f"wrote {path} (open it with mlx_lm.load('{path}') or entropix-mlx --model {path})")
+    print(f"wrote {path} (open it with mlx_lm.load('{path}') or entropix-mlx run --model {path} 'your prompt')")
 
 
 def register(app: typer.Typer):

@@ -163,7 +163,8 @@ WeightsOpt = Annotated[
         "--weights",
         callback=_check_weights,
         show_default="auto, or $ENTROPIX_WEIGHTS",
-        help="auto: float32 on the CPU (fast with a system OpenBLAS), the file's own format on a GPU; "
+        help="auto: float32 on the CPU (fast with a system OpenBLAS) while it fits in half the memory, "
+        "the file's own format on a GPU or above that; "
         "native: the file's format; float32: dequantize once at load.",
     ),
 ]

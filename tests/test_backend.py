@@ -265,7 +265,10 @@ def test_auto_picks_float32_on_cpu_and_native_over_the_budget(monkeypatch, on_cp
     assert weights.weights_format(model) == "native 4-bit"
     assert weights.choose_weights("auto", model) == "float32"
     assert weights.choose_weights("native", model) == "native"
-    monkeypatch.setattr(weights, "FLOAT32_BUDGET_BYTES", weights.float32_bytes(model) - 1)
+    # float32 while it takes at most half of the machine's memory
+    monkeypatch.setattr(weights, "physical_memory", lambda: 2 * weights.float32_bytes(model))
+    assert weights.choose_weights("auto", model) == "float32"
+    monkeypatch.setattr(weights, "physical_memory", lambda: 2 * weights.float32_bytes(model) - 2)
     assert weights.choose_weights("auto", model) == "native"
 
 

@@ -86,7 +86,14 @@ def test_cli_convert_and_its_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", str(tmp_path / "tiny.gguf"), str(tmp_path / "out")])
     assert exit_info.value.code == 0
-    assert (tmp_path / "out" / "model.safetensors").is_file() and "wrote" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert (tmp_path / "out" / "model.safetensors").is_file() and "wrote" in said
+    # the hint names a command that exists: `run` with its --model option
+    hint = said[said.index("entropix-mlx ") :].split()
+    assert hint[1:4] == ["run", "--model", str(tmp_path / "out")]
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "--model" in capsys.readouterr().out
     for args in ([str(tmp_path / "tiny.gguf"), str(tmp_path / "out")], [str(tmp_path / "out"), str(tmp_path / "o2")]):
         with pytest.raises(SystemExit) as exit_info:
             main(["convert", *args])

@@ -10,9 +10,9 @@ to it.
 Weights: `native` keeps the file's format (quantized stays quantized);
 `float32` dequantizes once at load, so every matmul is a BLAS GEMM (one GEMM
 for all rows of a batch); `auto` picks float32 on the CPU device when the
-float32 weights fit `FLOAT32_BUDGET_BYTES` and a real BLAS runs them (a system
-OpenBLAS; Accelerate on macOS), native otherwise, and always native on a GPU
-(Metal), where quantized matmuls are fast and memory bandwidth rules.
+float32 weights fit in half of this machine's memory and a real BLAS runs them
+(a system OpenBLAS; Accelerate on macOS), native otherwise, and always native
+on a GPU (Metal), where quantized matmuls are fast and memory bandwidth rules.
 
 Thin products: MLX calls only `cblas_sgemm`, also for a decode step's products
 of one or a few rows of activations with each weight matrix, and OpenBLAS 0.3.21
@@ -48,9 +48,23 @@ from .blas import blas_info, blas_name, blas_refused
 WEIGHT_FORMATS = ("auto", "native", "float32")
 
 
-# float32 weights of up to 4 GB (a ~1B model): on CPU they decode faster than
-# quantized ones, and a laptop has room for them. Larger models stay native.
-FLOAT32_BUDGET_BYTES = 4 * 1024**3
+# On the CPU float32 weights decode several times faster than quantized ones (a
+# quantized matmul costs the same per row at any batch; float32 reads 4x the bytes
+# but runs as a GEMM): worth the memory while they leave the machine half of it.
+FLOAT32_SHARE_OF_MEMORY = 0.5
+FALLBACK_MEMORY_BYTES = 8 * 1024**3  # where the system does not say
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return FALLBACK_MEMORY_BYTES
+
+
+def float32_budget_bytes() -> int:
+    """The most float32 weights `auto` takes on: half of this machine's memory."""
+    return int(FLOAT32_SHARE_OF_MEMORY * physical_memory())
 
 
 def default_weights() -> str:
@@ -91,7 +105,7 @@ def choose_weights(requested: str, model=None, float32_nbytes: int | None = None
     if mx.default_device() != mx.cpu or not _real_blas():
         return "native"
     nbytes = float32_bytes(model) if float32_nbytes is None else float32_nbytes
-    return "float32" if nbytes <= FLOAT32_BUDGET_BYTES else "native"
+    return "float32" if nbytes <= float32_budget_bytes() else "native"
 
 
 def _real_blas() -> bool:
@@ -106,7 +120,8 @@ def auto_rule() -> str:
         return "native: on a GPU quantized matmuls are fast"
     if not _real_blas():
         return "native: float32 gains nothing without a real BLAS"
-    return f"float32 for models up to {FLOAT32_BUDGET_BYTES // 1024**3} GB of float32 weights, native above"
+    budget = float32_budget_bytes() / 1024**3
+    return f"float32 for models up to {budget:.1f} GB of float32 weights (half this machine's memory), native above"
 
 
 def to_float32(model):
