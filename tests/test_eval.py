@@ -442,10 +442,36 @@ def test_eval_command_table_and_plot(tiny_ref, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_command_frontier_over_budgets_and_k(tiny_ref, tmp_path, monkeypatch):
+    tasks = write_tasks(tmp_path / "t.jsonl")
+    png, drawn = tmp_path / "frontier.png", {}
+    real_plot = ev.plot
+
+    def spy(results, path):
+        drawn.update(results)
+        real_plot(results, path)
+
+    monkeypatch.setattr(ev, "plot", spy)
+    args = ["--samplers", "greedy,self_consistency,cot_decoding", "--k", "2", "--max-tokens", "3,5", "--items", "1-3"]
+    code, out, err = invoke("eval", tasks, "-m", tiny_ref, *args, "--plot", png, "--json")
+    assert code == 0, err
+    results = json.loads(out)
+    assert results["items"] == 3 and results["item_range"] == "1-3" and results["max_tokens"] == [3, 5]
+    rows = results["samplers"]
+    for budget in (3, 5):
+        assert {f"greedy@{budget}", f"cot_decoding@{budget}", f"cisc k=2@{budget}"} <= set(rows)
+        assert rows[f"self_consistency k=2@{budget}"]["tokens_generated"] > rows[f"greedy@{budget}"]["tokens_generated"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and drawn["samplers"] == rows
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         ([], "give a task file or --builtin"),
+        (["--builtin", "--max-tokens", "512,x"], "--max-tokens"),
+        (["--builtin", "--items", "9-3"], "--items"),
+        (["--builtin", "--items", "500-600"], "the split has 195 items"),
+        (["--open", "--samplers", "greedy,cisc"], "cisc is for task files"),
         (["--builtin", "TASKS"], "give a task file or --builtin"),
         (["--builtin", "--samplers", "greedy,nucleus"], "unknown nucleus"),
         (["--builtin", "--samplers", ","], "empty"),
