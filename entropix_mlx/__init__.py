@@ -1,20 +1,23 @@
-"""entropix-mlx: entropy-aware sampling for Llama-family models on MLX.
+"""entropix-mlx: entropy-aware sampling on MLX for Llama, Mistral, Qwen, Phi-3 and Gemma 3 models.
 
-Importing the package loads no native library and does not import MLX: `load` is imported
+`load`, `make_sampler`, `stream_generate` and `generate` (api.py) have mlx-lm's shape.
+Importing the package loads no native library and does not import MLX: they are imported
 on first use, so a program can turn on the CPU fast path first, before mlx binds its BLAS
 (`entropix_mlx.accel.enable()`, see accel/__init__.py).
 """
 
 from .errors import ConfigError, ContextOverflowError, EntropixError, ModelLoadError, UnsupportedModelError
 
+API = ("load", "make_sampler", "stream_generate", "generate")
+
 
 def __getattr__(name: str):
-    if name == "load":
-        from .model.loading import load
+    if name in API:
+        from . import api
 
-        globals()["load"] = load
-        return load
+        globals()[name] = getattr(api, name)
+        return globals()[name]
     raise AttributeError(f"module 'entropix_mlx' has no attribute {name!r}")
 
 
-__all__ = ["load", "EntropixError", "ModelLoadError", "UnsupportedModelError", "ContextOverflowError", "ConfigError"]
+__all__ = [*API, "EntropixError", "ModelLoadError", "UnsupportedModelError", "ContextOverflowError", "ConfigError"]

@@ -1,0 +1,133 @@
+"""The library's face, shaped like mlx-lm's: `load`, `make_sampler`,
+`stream_generate`, `generate`.
+
+    from entropix_mlx import load, make_sampler, generate
+    model, tokenizer = load("smollm2-135m")
+    sampler = make_sampler("entropix", model=model)
+    print(generate(model, tokenizer, "How many legs does a spider have?", sampler=sampler))
+
+`load` binds the model's card to the model it returns (its shipped card, or one
+measured on its first use and kept in the user's cache), so `make_sampler(name,
+model=model)` takes that model's settings and nothing depends on what ran
+before. `stream_generate` takes text (the chat template applied, as mlx-lm does)
+or token ids, keeps the answer within the model's context, and yields one
+`Response` per token. On Linux, `entropix_mlx.accel.enable()` before anything
+imports MLX turns on the CPU fast path; it stays explicit because it loads a
+native library into the process.
+"""
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .decode.generate import generate as decode
+from .decode.prompt import encode_chat
+from .decode.registry import make_sampler as sampler_by_name
+from .errors import ConfigError, ContextOverflowError
+from .eval.usercard import ensure_card
+from .model.loading import load as load_files
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What `load` binds to a model (`model.entropix_card`): where its settings come from."""
+
+    name: str  # the model's name, as cards are named (a GGUF file's stem, a directory's name)
+    path: Path | None  # its card; None: no card could be read or written, defaults run
+    kind: str  # "shipped", "user" (measured on an earlier first use), "measured" (now), "none"
+    tokenizer: object = field(repr=False, default=None)  # the thinking text is in the model's tokens
+
+
+def load(path_or_alias: str | None = None, weights: str = "auto", progress: Callable | None = None):
+    """`(model, tokenizer)` for a GGUF file, a model directory, a Hugging Face
+    repo id or the bundled alias (default `smollm2-135m`), with the model's card
+    bound to the model. A model without a card is measured once, now (16
+    prompts in one batch: seconds for a small model); `progress(done, total)`
+    follows it."""
+    model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights)
+    status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
+    model.entropix_card = ModelCard(source.name, status.path, status.kind, tokenizer)
+    return model, tokenizer
+
+
+def make_sampler(name: str = "entropix", model=None, **settings):
+    """A sampler (`entropix`, `greedy`, `min_p`, `temperature`) or a whole-answer
+    decoder (`deliberate`) by name, with the settings of `model`'s card (a
+    model from `load`) under `settings`. Without a model, the defaults (for
+    `entropix`, the `reference` preset, tuned for Llama-3.2-1B), with a warning:
+    thresholds do not transfer between models."""
+    card = getattr(model, "entropix_card", None) if model is not None else None
+    if model is not None and card is None:
+        raise ConfigError("make_sampler(model=...) needs a model from entropix_mlx.load, which binds its card")
+    if card is None and name in ("entropix", "deliberate") and "config" not in settings:
+        warnings.warn(
+            f"make_sampler('{name}') without model=: the default settings, not a card measured for your model; "
+            "pass model= (a model from entropix_mlx.load)",
+            stacklevel=2,
+        )
+    if card is None:
+        return sampler_by_name(name, **settings)
+    if card.path is not None and card.kind != "shipped":  # this model's own card, whatever else was loaded
+        settings.setdefault("config", str(card.path))
+    return sampler_by_name(name, tokenizer=card.tokenizer, model_name=card.name, **settings)
+
+
+@dataclass
+class Response:
+    """One generated token, as mlx-lm's `GenerationResponse`, with what Entropix saw."""
+
+    text: str  # the new piece of text ("" while a multi-byte character is incomplete)
+    token: int
+    strategy: str  # which strategy chose it ("argmax", "branch", ...)
+    metrics: dict  # the uncertainty it was chosen under (entropy, varentropy, ...)
+    logprob: float
+    prompt_tokens: int
+    generation_tokens: int
+    finish_reason: str | None = None  # on the last response: "eos", "length" or "context"
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    peak_memory: float = 0.0  # GB
+
+
+def prompt_ids(tokenizer, prompt) -> list[int]:
+    """Token ids: text gets the model's chat template (one user turn)."""
+    if isinstance(prompt, str):
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return list(prompt)
+
+
+def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0) -> Iterator[Response]:
+    """Yield a `Response` per generated token. `prompt`: text or token ids;
+    `sampler`: from `make_sampler` (default: entropix with the model's card).
+    The answer stops where the model's context ends (finish reason "context")."""
+    ids = prompt_ids(tokenizer, prompt)
+    room = model.args.max_position_embeddings - len(ids)
+    if room <= 0:
+        raise ContextOverflowError(
+            f"the prompt has {len(ids)} tokens and the model's context is {model.args.max_position_embeddings}; "
+            "shorten the prompt"
+        )
+    limit = min(max_tokens, room)
+    generation = decode(model, tokenizer, ids, sampler or make_sampler("entropix", model=model), limit, seed)
+    pending = None
+    for count, event in enumerate(generation, 1):
+        if pending is not None:
+            yield pending
+        pending = Response(event.text, event.token, event.strategy, event.metrics, event.logprob, len(ids), count)
+    if pending is not None:
+        s = generation.summary()
+        finish = "context" if s.finish_reason == "length" and limit < max_tokens else s.finish_reason
+        yield dataclasses.replace(
+            pending,
+            finish_reason=finish,
+            prompt_tps=s.prompt_tps,
+            generation_tps=s.generation_tps,
+            peak_memory=s.peak_memory_gb,
+        )
+
+
+def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0) -> str:
+    """The whole answer's text (see `stream_generate`)."""
+    return "".join(r.text for r in stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed))

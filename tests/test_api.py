@@ -1,0 +1,128 @@
+"""The mlx-lm-shaped API: `load` binds the model's card (measured on first use),
+`make_sampler` takes it from the model and never silently from elsewhere,
+`stream_generate` takes text or ids, stays in the context and says why it
+stopped; and the README's "From Python" lines run as written."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_model, make_tiny_tokenizer
+
+import entropix_mlx
+from entropix_mlx import api
+from entropix_mlx.eval import calibrate as cal
+from entropix_mlx.eval import usercard
+from entropix_mlx.model.loading import ModelSource
+from entropix_mlx.sampling import cards
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture
+def tiny_files(tmp_path, monkeypatch):
+    """`api.load` of two tiny "files" that the loader resolves to tiny models."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    monkeypatch.setattr(cards, "_IN_USE", {})
+    monkeypatch.setattr(usercard, "PROMPTS", cal.PROMPTS[:3])
+    made = {}
+
+    def fake_load(ref, return_source=False, weights="auto"):
+        path = Path(ref)
+        model = make_tiny_model(int(path.stem[-1]), max_position_embeddings=64)
+        made[ref] = model
+        return model, make_tiny_tokenizer(), ModelSource(ref, path, "gguf", "tiny")
+
+    monkeypatch.setattr(api, "load_files", fake_load)
+    paths = []
+    for i in (1, 2):
+        p = tmp_path / f"m{i}" / f"tiny{i}.gguf"
+        p.parent.mkdir()
+        p.write_bytes(f"weights {i}".encode())
+        paths.append(str(p))
+    return paths
+
+
+def test_load_binds_a_card_measured_on_first_use(tiny_files):
+    seen = []
+    model, tokenizer = api.load(tiny_files[0], progress=lambda i, n: seen.append(i))
+    card = model.entropix_card
+    assert card.kind == "measured" and card.path.is_file() and seen == [0, 1, 2, 3]
+    again, _ = api.load(tiny_files[0])
+    assert again.entropix_card.kind == "user" and again.entropix_card.path == card.path
+    sampler = api.make_sampler("entropix", model=model)
+    measured = tomllib.loads(card.path.read_text())["sampler"]
+    assert sampler.config.high_entropy == measured["high_entropy"] != 0
+    assert api.make_sampler("deliberate", model=model).config.clean_first == "loop_or_length"
+
+
+def test_each_model_keeps_its_own_card(tiny_files):
+    # Both are named "tiny": a card chosen by name in a process-wide table would be the last one loaded.
+    first, _ = api.load(tiny_files[0])
+    second, _ = api.load(tiny_files[1])
+    assert first.entropix_card.path != second.entropix_card.path
+    assert api.make_sampler("entropix", model=first).config_source.endswith(str(first.entropix_card.path))
+
+
+def test_make_sampler_without_a_model_says_so():
+    with pytest.warns(UserWarning, match="without model="):
+        sampler = api.make_sampler("entropix")
+    assert "reference" in sampler.config_source or "default" in sampler.config_source
+    with pytest.raises(entropix_mlx.ConfigError, match="entropix_mlx.load"):
+        api.make_sampler("entropix", model=make_tiny_model())
+    assert api.make_sampler("greedy").name == "greedy"  # greedy has no settings to get wrong
+
+
+def test_stream_generate_takes_text_or_ids_and_stops_at_the_context(tiny_files):
+    model, tokenizer = api.load(tiny_files[0])
+    greedy = api.make_sampler("greedy", model=model)
+    ids = api.prompt_ids(tokenizer, "hello")
+    from_text = list(api.stream_generate(model, tokenizer, "hello", greedy, max_tokens=5))
+    from_ids = list(api.stream_generate(model, tokenizer, ids, greedy, max_tokens=5))
+    assert [r.token for r in from_text] == [r.token for r in from_ids]
+    assert all(r.finish_reason is None for r in from_text[:-1]) and from_text[-1].finish_reason in ("eos", "length")
+    assert [r.generation_tokens for r in from_text] == list(range(1, len(from_text) + 1))
+    assert from_text[0].prompt_tokens == len(ids) and from_text[0].strategy == "argmax"
+    assert api.generate(model, tokenizer, "hello", greedy, max_tokens=5) == "".join(r.text for r in from_text)
+    # the tiny model's context is 64: the answer stops there, and says why
+    long = list(api.stream_generate(model, tokenizer, ids, greedy, max_tokens=10_000))
+    if long[-1].finish_reason != "eos":
+        assert len(ids) + len(long) == 64 and long[-1].finish_reason == "context"
+    with pytest.raises(entropix_mlx.ContextOverflowError, match="shorten the prompt"):
+        list(api.stream_generate(model, tokenizer, list(range(3, 67)), greedy))
+
+
+def test_deliberate_streams_through_the_same_call(tiny_files):
+    model, tokenizer = api.load(tiny_files[0])
+    responses = list(api.stream_generate(model, tokenizer, "hi", api.make_sampler("deliberate", model=model), 6))
+    assert responses and responses[-1].finish_reason in ("eos", "length")
+    assert {r.strategy for r in responses} <= {"argmax", "split", "branch"}
+
+
+def test_importing_the_package_loads_nothing():
+    code = "import sys, entropix_mlx; print('mlx.core' in sys.modules, 'entropix_mlx.api' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def readme_python() -> str:
+    section = README.read_text().split("**From Python.**", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_python_is_at_most_five_lines():
+    lines = [line for line in readme_python().splitlines() if line.strip()]
+    assert 1 < len(lines) <= 5 and any("import" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_the_readme_python_runs_as_written():
+    code = readme_python().replace(
+        '"How many legs does a spider have?"', '"How many legs does a spider have?", max_tokens=8'
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "warning" not in out.stderr.lower()
