@@ -8,7 +8,7 @@ on first use, so a program can turn on the CPU fast path first, before mlx binds
 
 from .errors import ConfigError, ContextOverflowError, EntropixError, ModelLoadError, UnsupportedModelError
 
-API = ("load", "make_sampler", "stream_generate", "generate")
+API = ("load", "make_sampler", "stream_generate", "generate", "mlx_lm_sampler")
 
 
 def __getattr__(name: str):

@@ -28,6 +28,9 @@ from .decode.registry import make_sampler as sampler_by_name
 from .errors import ConfigError, ContextOverflowError
 from .eval.usercard import ensure_card
 from .model.loading import load as load_files
+from .sampling.config import resolve_config
+from .sampling.entropix import EntropixSampler
+from .sampling.mlx_lm_sampler import MlxLmSampler
 
 
 @dataclass(frozen=True)
@@ -131,3 +134,18 @@ def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 25
 def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0) -> str:
     """The whole answer's text (see `stream_generate`)."""
     return "".join(r.text for r in stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed))
+
+
+def mlx_lm_sampler(tokenizer, config=None, seed: int = 0, **settings) -> MlxLmSampler:
+    """Entropix for mlx-lm: pass it as `sampler=` to `mlx_lm.generate` or
+    `mlx_lm.stream_generate`, one per answer (sampling/mlx_lm_sampler.py says
+    what it cannot do there). `config`: a preset name, a TOML card or a
+    SamplerConfig; without one, the defaults, with a warning."""
+    if config is None:
+        warnings.warn(
+            "mlx_lm_sampler without config=: the default settings, not a card measured for your model; "
+            "pass config= (a card from entropix-mlx calibrate, or a preset)",
+            stacklevel=2,
+        )
+    cfg, source = resolve_config(None, config, **settings)
+    return MlxLmSampler(EntropixSampler(cfg, tokenizer, source), seed)

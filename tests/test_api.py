@@ -126,3 +126,53 @@ def test_the_readme_python_runs_as_written():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() and "warning" not in out.stderr.lower()
+
+
+def test_entropix_runs_inside_mlx_lms_own_generate():
+    import mlx.core as mx
+    import mlx_lm
+    from conftest import TINY_CONFIG
+    from mlx_lm.models import llama
+
+    mx.random.seed(3)
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_CONFIG))  # mlx-lm's own Llama, not this project's port
+    tokenizer = make_tiny_tokenizer()
+    sampler = api.mlx_lm_sampler(tokenizer, config="reference")
+    responses = list(mlx_lm.stream_generate(model, tokenizer, "hello there", max_tokens=12, sampler=sampler))
+    tokens = [r.token for r in responses]
+    assert 0 < len(tokens) <= 12 and tokens == sampler.tokens[: len(tokens)]
+    assert set(sampler.strategies) <= {"argmax", "think", "branch", "resample", "adaptive"}
+    # its decisions are Entropix's: on the same log-probabilities the sampler chooses what it handed mlx-lm
+    again = api.mlx_lm_sampler(tokenizer, config="reference")
+    assert [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, "hello there", max_tokens=12, sampler=again)
+    ] == tokens
+    with pytest.warns(UserWarning, match="without config="):
+        api.mlx_lm_sampler(tokenizer)
+
+
+def test_a_thinking_insertion_goes_to_mlx_lm_one_token_at_a_time():
+    from entropix_mlx.sampling.config import SamplerConfig
+    from entropix_mlx.sampling.entropix import EntropixSampler
+    from entropix_mlx.sampling.mlx_lm_sampler import MlxLmSampler
+
+    tokenizer = make_tiny_tokenizer()
+    # every step "think": low thresholds everywhere, thinking allowed twice
+    cfg = SamplerConfig(
+        low_entropy=0.0,
+        low_varentropy=0.0,
+        medium_entropy=0.0,
+        think_varentropy=1e9,
+        thinking_text=" hm",
+        max_thinking_insertions=1,
+        strategies=("argmax", "think", "adaptive"),
+    )
+    sampler = MlxLmSampler(EntropixSampler(cfg, tokenizer))
+    import mlx.core as mx
+
+    flat = mx.zeros((1, 259))
+    handed = [sampler(flat).item() for _ in range(4)]
+    thinking = list(tokenizer.encode(" hm", add_special_tokens=False))
+    assert handed[: len(thinking)] == thinking and sampler.strategies[: len(thinking)] == ["think"] * len(thinking)
+    sampler.reset()
+    assert sampler.tokens == [] and sampler.queue == []
