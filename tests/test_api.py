@@ -176,3 +176,24 @@ def test_a_thinking_insertion_goes_to_mlx_lm_one_token_at_a_time():
     assert handed[: len(thinking)] == thinking and sampler.strategies[: len(thinking)] == ["think"] * len(thinking)
     sampler.reset()
     assert sampler.tokens == [] and sampler.queue == []
+
+
+def doc_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (README.parent / "docs" / "python-api.md").read_text(), re.S)
+
+
+@pytest.mark.slow
+def test_the_python_api_page_runs_as_written(tmp_path):
+    blocks = doc_blocks()
+    assert len(blocks) == 3
+    converted = tmp_path / "smollm2-mlx"
+    code = f"from entropix_mlx.cli.app import main; main(['convert', 'smollm2-135m', '{converted}'])"
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (converted / "config.json").is_file()
+    for block in blocks:
+        code = block.replace('have?", sampler=', 'have?", max_tokens=16, sampler=')
+        code = code.replace("path/to/an/mlx-model", str(converted)).replace("max_tokens=64", "max_tokens=16")
+        code = code.replace("my-model.toml", str(cards.shipped_card("smollm2-135m")))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip()
