@@ -48,7 +48,7 @@ app = typer.Typer(
     cls=Group,
     add_completion=False,
     no_args_is_help=True,
-    help="Entropy-aware sampling for Llama-family models on MLX.",
+    help="Entropy-aware sampling on MLX for Llama, Mistral, Qwen, Phi-3 and Gemma 3 models.",
 )
 
 
@@ -70,7 +70,7 @@ def _options(
         False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
     ),
 ):
-    """Entropy-aware sampling for Llama-family models on MLX."""
+    """Entropy-aware sampling on MLX for Llama, Mistral, Qwen, Phi-3 and Gemma 3 models."""
 
 
 def register_commands():

@@ -1,0 +1,29 @@
+"""Docs that cannot drift from the code: every command and option of `--help`
+is in docs/cli.md, and the README lists every doc."""
+
+from pathlib import Path
+
+import typer
+from entropix_mlx.cli.app import app, register_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_command_and_option_is_in_docs_cli():
+    register_commands()
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    missing = []
+    for name, command in typer.main.get_command(app).commands.items():
+        if f"\n## {name}\n" not in doc:
+            missing.append(f"command {name}")
+        for param in command.params:
+            missing += [
+                f"{name} {o}" for o in param.opts if o.startswith("--") and o != "--help" and f"`{o}" not in doc
+            ]
+    assert not missing, f"not in docs/cli.md: {', '.join(missing)}"
+
+
+def test_the_readme_lists_every_doc():
+    readme = (ROOT / "README.md").read_text()
+    unlisted = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"(docs/{p.name})" not in readme]
+    assert not unlisted, f"README.md does not list {', '.join(unlisted)}"
