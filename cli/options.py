@@ -13,6 +13,7 @@ from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
 from entropix_mlx.sampling.config import PRESETS, resolve_config
 from entropix_mlx.sampling.deliberate_config import resolve_deliberate
+from entropix_mlx.sampling.parameters import PARAMETERS, TAKE_PARAMETERS, sampling_request
 
 DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
 DEFAULT_MAX_TOKENS = 256
@@ -43,16 +44,16 @@ def _check_max_tokens(value: int) -> int:
     return value
 
 
-def _check_top_p(value: float | None):
-    if value is not None and not 0 < value <= 1:
-        raise typer.BadParameter(f"{value} is not in (0, 1]; e.g. 0.9")
-    return value
+def _parameter(name: str):
+    """The option's check: the sampling parameter's one rule (sampling/parameters.py)."""
 
+    def check(value):
+        problem = PARAMETERS[name].problem(value) if value is not None else None
+        if problem:
+            raise typer.BadParameter(f"{value} {problem}")
+        return value
 
-def _check_min_p(value: float | None):
-    if value is not None and not 0 <= value < 1:
-        raise typer.BadParameter(f"{value} is not in [0, 1); e.g. 0.05")
-    return value
+    return check
 
 
 ModelOpt = Annotated[
@@ -92,20 +93,28 @@ ConfigOpt = Annotated[
 ]
 TemperatureOpt = Annotated[
     float | None,
-    typer.Option("--temperature", min=0.0, help="Base sampling temperature (0 = greedy for the baselines)."),
+    typer.Option(
+        "--temperature",
+        callback=_parameter("temperature"),
+        help="Base sampling temperature (>= 0); 0 asks for deterministic answers: greedy answers.",
+    ),
 ]
 TopPOpt = Annotated[
     float | None,
     typer.Option(
-        "--top-p", callback=_check_top_p, help="In (0, 1]: keep the most likely tokens up to this probability mass."
+        "--top-p",
+        callback=_parameter("top_p"),
+        help="In (0, 1]: keep the most likely tokens up to this probability mass.",
     ),
 ]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")]
+TopKOpt = Annotated[
+    int | None, typer.Option("--top-k", callback=_parameter("top_k"), help="Keep the k most likely tokens (0: all).")
+]
 MinPOpt = Annotated[
     float | None,
     typer.Option(
         "--min-p",
-        callback=_check_min_p,
+        callback=_parameter("min_p"),
         help="In [0, 1): drop tokens less likely than min_p × the top token's probability.",
     ),
 ]
@@ -176,7 +185,7 @@ def check_options(
     """Reject settings that cannot work before the model loads, so a mistake
     costs a second, not a model load. Returns --config for make_sampler."""
     given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
-    if sampler in ("greedy", "deliberate") and given:
+    if sampler not in TAKE_PARAMETERS and given:  # a flag typed by hand that would do nothing: a slip
         raise ConfigError(
             f"{', '.join(given)} has no effect with --sampler {sampler}; drop it or choose another sampler"
         )
@@ -195,6 +204,7 @@ def check_options(
         if config not in PRESETS and not Path(config).is_file():
             what = "is a directory" if Path(config).is_dir() else "does not exist"
             raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(PRESETS)})")
-    if sampler == "entropix":  # reads the card and the file, validates every value
-        resolve_config(resolve(model).name, config, **overrides)
+    answering, kept, _ = sampling_request(sampler, overrides)
+    if answering == "entropix":  # reads the card and the file, validates every value
+        resolve_config(resolve(model).name, config, **kept)
     return config

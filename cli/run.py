@@ -26,6 +26,7 @@ from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
+from entropix_mlx.sampling.parameters import sampling_request
 from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.strategies import deterministic, sampler_strategies
 
@@ -102,12 +103,12 @@ def warm_up_compiler():
 
 
 def build_sampler(name, tokenizer, model_name, config=None, **overrides):
-    if name == "greedy":
-        overrides = {}
-    if name != "deliberate":
-        overrides.pop("budget", None)
-    elif overrides:  # deliberate takes no sampling parameters (check_options refused them)
-        overrides = {"budget": overrides.get("budget")}
+    """The sampler by name with the parameters it takes (sampling/parameters.py);
+    deliberate takes --budget instead."""
+    budget = overrides.pop("budget", None)
+    name, overrides, _ = sampling_request(name, overrides)
+    if name == "deliberate":
+        overrides = {"budget": budget}
     return make_sampler(
         name,
         tokenizer=tokenizer,
@@ -218,6 +219,7 @@ def run(
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, budget, **overrides)
+    sampler, overrides, notes = sampling_request(sampler, overrides)  # temperature 0: greedy answers
     if sampler == "deliberate":
         overrides = {"budget": budget}
         if html is not None:
@@ -258,6 +260,8 @@ def run(
     err = render.make_console(stderr=True, no_color=not color)
     if not w.root:
         out = err = render.make_console(no_color=True)  # stdout, which goes nowhere
+    for note in notes:
+        err.print(f"note: {note}", style=render.META_STYLE)
     if max_tokens > room:  # stop at the end of the context rather than overflow it mid-answer
         err.print(
             f"warning: --max-tokens {max_tokens} is more than the context leaves after the prompt; "

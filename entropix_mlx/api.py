@@ -31,6 +31,7 @@ from .model.loading import load as load_files
 from .sampling.config import resolve_config
 from .sampling.entropix import EntropixSampler
 from .sampling.mlx_lm_sampler import MlxLmSampler
+from .sampling.parameters import PARAMETERS, sampling_request
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ def make_sampler(name: str = "entropix", model=None, **settings):
     model from `load`) under `settings`. Without a model, the defaults (for
     `entropix`, the `reference` preset, tuned for Llama-3.2-1B), with a warning:
     thresholds do not transfer between models."""
+    given = {k: settings.pop(k) for k in list(settings) if k in PARAMETERS}
+    name, taken, notes = sampling_request(name, given)  # the one rule the CLI and the server follow too
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    settings.update(taken)
     card = getattr(model, "entropix_card", None) if model is not None else None
     if model is not None and card is None:
         raise ConfigError("make_sampler(model=...) needs a model from entropix_mlx.load, which binds its card")

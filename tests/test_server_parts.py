@@ -104,7 +104,7 @@ def chat_body(**fields):
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
-        ({"temperature": 3}, "temperature"),
+        ({"temperature": -0.5}, "temperature"),
         ({"top_k": -1}, "top_k"),
         ({"min_p": 1}, "min_p"),
         ({"top_logprobs": 3}, "top_logprobs"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .parameters import PARAMETERS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, rule, validate
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
@@ -148,10 +149,11 @@ def layers_problem(value) -> str | None:
 
 # In the order they are checked: an error names the first invalid field.
 RULES = {
-    "temperature": rule(lambda v: v > 0, "must be > 0 (use the greedy sampler for temperature 0)"),
-    "top_p": rule(lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "top_k": at_least(0, "0 turns top-k off"),
-    "min_p": rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    # the request parameters' rules (parameters.py), but a sampler's base temperature is never 0
+    "temperature": rule(lambda v: v > 0, "must be > 0 (temperature 0 is the greedy sampler)"),
+    "top_p": PARAMETERS["top_p"].problem,
+    "top_k": PARAMETERS["top_k"].problem,
+    "min_p": PARAMETERS["min_p"].problem,
     **dict.fromkeys(THRESHOLDS, THRESHOLD),
     "strategies": strategies_problem,
     "attention_layers": layers_problem,

@@ -27,6 +27,7 @@ from ..decode.prompt import encode_chat, encode_raw
 from ..decode.registry import SAMPLER_NAMES, make_sampler
 from ..errors import ConfigError
 from ..sampling.config import THRESHOLDS, resolve_config
+from ..sampling.parameters import sampling_request
 from ..sampling.penalties import make_penalties
 from .engine import Engine, Job, random_seed
 from .responses import Answer
@@ -35,7 +36,6 @@ from .strategies import page_info
 
 STATIC = resources.files("entropix_mlx.server") / "static"
 MAX_BODY = 1_000_000  # bytes; a long chat history is far below this
-NO_SAMPLING_PARAMETERS = ("greedy", "deliberate")
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -86,14 +86,8 @@ class Server:
             except ValueError as e:  # transformers: no chat template
                 raise APIError(400, f"this model has no chat template ({e}); use /v1/completions", "messages") from None
             # Front-ends send temperature and the like on every request: samplers
-            # that take none ignore them rather than refuse the request.
-            overrides = {} if p.sampler in NO_SAMPLING_PARAMETERS else p.overrides
-            warnings, name = [], p.sampler
-            if name == "entropix" and overrides.get("temperature") == 0:
-                # Front-ends send 0 to mean deterministic; mlx-lm, llama.cpp and Ollama
-                # take it as greedy, where Entropix's strategies need a temperature.
-                name, overrides = "greedy", {}
-                warnings.append("temperature 0 asks for deterministic answers: the greedy sampler answered")
+            # that take none leave them out (with a note) rather than refuse the request.
+            name, overrides, warnings = sampling_request(p.sampler, p.overrides)
             try:
                 sampler = make_sampler(name, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
             except ConfigError as e:

@@ -9,6 +9,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..sampling.parameters import PARAMETERS
+
 MAX_STOPS = 4  # OpenAI's limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat
 
@@ -65,6 +67,17 @@ def _number(body, name, low=None, high=None, low_open=False, high_open=False):
     if high is not None and (v > high or (high_open and v == high)):
         raise bad(name, f"'{name}' must be {'<' if high_open else '<='} {high}, got {v}")
     return float(v)
+
+
+def _parameter(body, name):
+    """A sampling parameter, checked by its one rule (sampling/parameters.py)."""
+    v = body.get(name)
+    if v is None:
+        return None
+    problem = PARAMETERS[name].problem(v)
+    if problem or (isinstance(v, float) and not math.isfinite(v)):
+        raise bad(name, f"'{name}' {problem or 'must be a finite number'}, got {v!r}")
+    return v
 
 
 def _integer(body, name, low=None, high=None):
@@ -184,12 +197,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     limit = _integer(body, "max_completion_tokens", 1)
     p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)
     p.seed = _integer(body, "seed", 0, 2**63 - 1)
-    p.overrides = {
-        "temperature": _number(body, "temperature", 0, 2),
-        "top_p": _number(body, "top_p", 0, 1, low_open=True),
-        "top_k": _integer(body, "top_k", 0),
-        "min_p": _number(body, "min_p", 0, 1, high_open=True),
-    }
+    p.overrides = {name: _parameter(body, name) for name in PARAMETERS}
     p.penalties = {
         "presence": _number(body, "presence_penalty", -2, 2),
         "frequency": _number(body, "frequency_penalty", -2, 2),
