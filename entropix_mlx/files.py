@@ -1,8 +1,20 @@
-"""Writing files so that a crash or Ctrl-C mid-write never leaves a cut file."""
+"""Files: writing them so that a crash or Ctrl-C mid-write never leaves a cut
+file, and the one user cache folder (cards, the compiled shim, conversions)."""
 
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+
+def user_cache_dir() -> Path:
+    """entropix-mlx's folder in the user's cache: under $XDG_CACHE_HOME (an
+    absolute path; the XDG rule ignores a relative one), else ~/Library/Caches on
+    macOS and ~/.cache elsewhere. RuntimeError when there is no home folder."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = Path.home() / ("Library/Caches" if sys.platform == "darwin" else ".cache")
+    return Path(base) / "entropix-mlx"
 
 
 def write_atomic(path, text: str) -> Path:

@@ -79,7 +79,7 @@ def test_importing_entropix_mlx_maps_no_openblas_and_no_shim(tmp_path):
 
 def test_load_is_imported_on_first_use():
     import entropix_mlx
-    from entropix_mlx.model.loading import load
+    from entropix_mlx.api import load
 
     assert entropix_mlx.load is load
     with pytest.raises(AttributeError, match="no attribute 'loader'"):

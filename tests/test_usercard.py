@@ -12,6 +12,8 @@ from conftest import make_tiny_model, make_tiny_tokenizer
 from entropix_mlx.cli import run as run_cmd
 from test_cli_run import invoke
 
+from entropix_mlx import files
+from entropix_mlx.accel import build
 from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.eval import calibrate as cal
 from entropix_mlx.eval import usercard
@@ -122,10 +124,13 @@ def test_the_cache_folder_follows_xdg_and_the_platform(monkeypatch, tmp_path):
     assert cards.user_cards_dir() == tmp_path / "entropix-mlx" / "cards"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(cards.sys, "platform", "darwin")
+    monkeypatch.setattr(files.sys, "platform", "darwin")
     assert cards.user_cards_dir() == tmp_path / "Library" / "Caches" / "entropix-mlx" / "cards"
-    monkeypatch.setattr(cards.sys, "platform", "linux")
+    # one resolver for everything the cache holds: cards, the compiled shim, conversions
+    assert build.cache_folder(create=False)[0] == tmp_path / "Library" / "Caches" / "entropix-mlx"
+    monkeypatch.setattr(files.sys, "platform", "linux")
     assert cards.user_cards_dir() == tmp_path / ".cache" / "entropix-mlx" / "cards"
+    assert build.cache_folder(create=False)[0] == files.user_cache_dir() == tmp_path / ".cache" / "entropix-mlx"
 
 
 def test_clipping_keeps_every_entropy_threshold_within_the_vocabulary():

@@ -5,10 +5,11 @@ Python (the same one for macOS, which never needs it), `CC` can point the build 
 compiler, and an OpenBLAS installed later gets its shim without a reinstall.
 
 A library loaded from the cache runs inside the process, so it is only ever loaded from, and
-built into, a folder no one else can write to: `$XDG_CACHE_HOME/entropix-mlx` (else
-`~/.cache/entropix-mlx`), created 0700. The folder and the library must be owned by this user
-and writable by no group or others, or nothing is loaded or written there and plain OpenBLAS
-runs. A shared temp folder is never used: another user could put a library there first.
+built into, a folder no one else can write to: the user cache folder (`files.user_cache_dir`:
+`$XDG_CACHE_HOME/entropix-mlx`, else `~/.cache/entropix-mlx`, `~/Library/Caches/entropix-mlx`
+on macOS), created 0700. The folder and the library must be owned by this user and writable by
+no group or others, or nothing is loaded or written there and plain OpenBLAS runs. A shared
+temp folder is never used: another user could put a library there first.
 
 The file's name hashes the source, the machine, the compiler (its command, the file it
 resolves to and that file's size and time) and the flags, so a changed source or another
@@ -24,6 +25,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from ..files import user_cache_dir
+
 SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
 
 # With threads first; where they cannot be built, the single-threaded GEMV part only.
@@ -34,13 +37,10 @@ BUILD_TIMEOUT_S = 120
 def cache_folder(create: bool = True) -> tuple[Path | None, str]:
     """Where the shim is built and looked for: (folder, "") when it is safe to load from and
     write to, else (folder or None, why not). Creates it (0700) when missing and `create`."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG rule: a relative path is ignored
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError as e:  # no HOME and no password entry
-            return None, f"no home folder for a cache: {e}"
-    folder = Path(base) / "entropix-mlx"
+    try:
+        folder = user_cache_dir()
+    except RuntimeError as e:  # no HOME and no password entry
+        return None, f"no home folder for a cache: {e}"
     if not create and not folder.exists():
         return folder, f"{folder} does not exist yet (the first build creates it)"
     if create:

@@ -18,6 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..files import user_cache_dir
 from . import gguf
 
 CONVERTED_FILES = ("config.json", "model.safetensors")
@@ -116,7 +117,7 @@ def cached_conversion(path: Path, cache_root: Path | None = None) -> Path:
     path = Path(path)
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = cache_root or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "entropix-mlx" / "converted"
+    root = cache_root or user_cache_dir() / "converted"
     outdir = root / f"{path.stem}-{key}"
     if not all((outdir / f).is_file() for f in CONVERTED_FILES):
         root.mkdir(parents=True, exist_ok=True)

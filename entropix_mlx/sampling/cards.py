@@ -8,10 +8,10 @@ import hashlib
 import importlib.resources
 import os
 import re
-import sys
 from pathlib import Path
 
 from ..accel.build import owned_by_user
+from ..files import user_cache_dir
 
 CARDS_DIR_ENV = "ENTROPIX_CARDS_DIR"  # another folder for user cards (tests, a shared setup)
 
@@ -46,16 +46,11 @@ def use_card(model_name: str, path: Path) -> None:
 
 
 def user_cards_dir() -> Path:
-    """$ENTROPIX_CARDS_DIR, else the platform's user cache: $XDG_CACHE_HOME (an
-    absolute path), else ~/Library/Caches on macOS and ~/.cache elsewhere; then
-    entropix-mlx/cards."""
+    """$ENTROPIX_CARDS_DIR, else `cards` in the user cache folder (files.user_cache_dir)."""
     given = os.environ.get(CARDS_DIR_ENV, "")
     if given:
         return Path(given).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG rule: a relative path is ignored
-        base = Path.home() / ("Library/Caches" if sys.platform == "darwin" else ".cache")
-    return Path(base) / "entropix-mlx" / "cards"
+    return user_cache_dir() / "cards"
 
 
 def checked_user_cards_dir() -> tuple[Path, str]:
