@@ -12,7 +12,6 @@ the ranks exchange goes through `all_gather` on the CPU stream, as mlx-lm's
 `evaluate` does: JSON as bytes, padded to the longest rank's.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .errors import DistributedError, EntropixError, FollowerExit
+from .files import model_files_identity
 
 # The environment a launcher sets; a plain process has none of it.
 LAUNCH_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_JACCL_COORDINATOR")
@@ -35,8 +35,6 @@ CONNECT_TIMEOUT = float(os.environ.get("ENTROPIX_CONNECT_TIMEOUT", "60"))
 
 # Model files bigger than this are fingerprinted from evenly spaced blocks, not read whole:
 # reading 40 GB on every rank before the first token would take minutes.
-FULL_HASH_BYTES = 256 << 20
-SAMPLE_BLOCKS, BLOCK_BYTES = 64, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -174,24 +172,11 @@ def follow_root_out(w: World, message: str):
 
 
 def file_fingerprint(path) -> str:
-    """A hash of the model's files: whole for small files, else the size and
-    evenly spaced blocks (a different file differs in its header or its tensors)."""
+    """The model files' identity (files.model_files_identity), to compare across ranks."""
     path = Path(path)
     if not path.exists():  # e.g. a Hugging Face repo not downloaded yet: loading fetches it
         return "absent"
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path) if f != path else ''}:{size}\n".encode())  # where it lies is no matter
-        with open(f, "rb") as fh:
-            if size <= FULL_HASH_BYTES:
-                h.update(fh.read())
-                continue
-            for k in range(SAMPLE_BLOCKS):
-                fh.seek(k * (size - BLOCK_BYTES) // (SAMPLE_BLOCKS - 1))
-                h.update(fh.read(BLOCK_BYTES))
-    return h.hexdigest()[:16]
+    return model_files_identity(path)
 
 
 def check_same_model(w: World, path):

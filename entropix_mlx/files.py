@@ -1,10 +1,38 @@
 """Files: writing them so that a crash or Ctrl-C mid-write never leaves a cut
 file, and the one user cache folder (cards, the compiled shim, conversions)."""
 
+import hashlib
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+IDENTITY_SAMPLE = 8 << 20  # bytes read from each end of a model file
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".model", ".gguf")
+
+
+def model_files_identity(path) -> str:
+    """What tells a model's files from any others (the one rule: a user card's
+    model, every rank's model, a cached conversion's source): a hash of each
+    file's size and first and last 8 MiB, and in a folder each file's name
+    there. Where the file lies and what it is called do not count; reading a
+    whole multi-GB file would take seconds at every start, and other weights
+    or another tokenizer differ in those bytes."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES)
+    key = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        key.update(f"\0{f.name if f != path else ''}\0{size}\0".encode())
+        with open(f, "rb") as data:
+            key.update(data.read(IDENTITY_SAMPLE))
+            if size > 2 * IDENTITY_SAMPLE:
+                data.seek(size - IDENTITY_SAMPLE)
+            key.update(data.read())
+    return key.hexdigest()
 
 
 def user_cache_dir() -> Path:

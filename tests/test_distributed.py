@@ -17,7 +17,7 @@ from conftest import make_tiny_model
 from test_cli_run import cli_command
 from test_loading import GGUF_CONFIG, write_gguf
 
-from entropix_mlx import distributed
+from entropix_mlx import distributed, files
 
 LAUNCH = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
 TIMEOUT = 240  # seconds: a launch on a busy 2-core machine takes tens of them
@@ -116,8 +116,7 @@ def test_one_process_has_one_rank(monkeypatch):
 
 
 def test_fingerprint_tells_files_apart(tmp_path, monkeypatch):
-    monkeypatch.setattr(distributed, "FULL_HASH_BYTES", 1000)  # the sampled path too
-    monkeypatch.setattr(distributed, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(files, "IDENTITY_SAMPLE", 1000)  # the two ends of a larger file too
     for size in (500, 5000):
         a, b = tmp_path / f"a{size}", tmp_path / f"b{size}"
         data = bytes(range(256)) * (size // 256 + 1)

@@ -7,7 +7,6 @@ Hugging Face's layout: a `llama` file's Q/K rows go back to HF's order, so the
 directory is an ordinary HF-layout model.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import ModelLoadError, UnsupportedModelError
-from ..files import user_cache_dir
+from ..files import model_files_identity, user_cache_dir
 from . import gguf
 
 CONVERTED_FILES = ("config.json", "model.safetensors")
@@ -112,11 +111,10 @@ def llama3_scaling(rope_freqs: mx.array, config: dict, path) -> dict:
 
 
 def cached_conversion(path: Path, cache_root: Path | None = None) -> Path:
-    """The MLX directory for `path` in the user's cache, converted once per file
-    version (name, size, modification time)."""
+    """The MLX directory for `path` in the user's cache, converted once per
+    model file (files.model_files_identity)."""
     path = Path(path)
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = model_files_identity(path)[:16]
     root = cache_root or user_cache_dir() / "converted"
     outdir = root / f"{path.stem}-{key}"
     if not all((outdir / f).is_file() for f in CONVERTED_FILES):

@@ -2,7 +2,6 @@
 a Hugging Face repo id, into this project's port of its family and an mlx-lm tokenizer."""
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import math
@@ -16,6 +15,7 @@ from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokeniz
 
 from ..accel.weights import check_weights, choose_weights, to_float32
 from ..errors import ModelLoadError
+from ..files import model_files_identity
 from . import gguf
 from .families import model_classes
 from .gguf_check import read_header
@@ -109,32 +109,13 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     return (model, tokenizer, source) if return_source else (model, tokenizer)
 
 
-IDENTITY_SAMPLE = 8 << 20  # bytes read from each end of a weights file
-
-
 def model_identity(source: ModelSource) -> str:
     """What tells this model from any other, for its user card: a Hugging Face
     model's repo and revision (its snapshot folder's name); for a file or a
-    directory, a hash of each model file's name, size and first and last 8 MiB
-    (a whole multi-GB file would take seconds at every start, and any other
-    weights or tokenizer differ there)."""
+    directory, its files' identity (files.model_files_identity)."""
     if source.kind == "hub" and source.path.parent.name == "snapshots":
         return f"hf:{source.ref}@{source.path.name}"
-    path = source.path
-    if path.is_file():
-        files = [path]
-    else:
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".model"))
-    key = hashlib.sha256()
-    for f in files:
-        size = f.stat().st_size
-        key.update(f"\0{f.name}\0{size}\0".encode())
-        with open(f, "rb") as data:
-            key.update(data.read(IDENTITY_SAMPLE))
-            if size > 2 * IDENTITY_SAMPLE:
-                data.seek(size - IDENTITY_SAMPLE)
-            key.update(data.read())
-    return f"sha256:{key.hexdigest()}"
+    return f"sha256:{model_files_identity(source.path)}"
 
 
 def build_model(config: dict, weights: dict, model_class=None, args_class=None, rope_freqs: mx.array | None = None):
