@@ -3,6 +3,7 @@ file, and the one user cache folder (cards, the compiled shim, conversions)."""
 
 import hashlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +34,36 @@ def model_files_identity(path) -> str:
                 data.seek(size - IDENTITY_SAMPLE)
             key.update(data.read())
     return key.hexdigest()
+
+
+def owned_by_user(path: Path, folder: bool) -> str:
+    """ "" when `path` is a folder (or a regular file) owned by this user that no group or
+    others can write to; else why it is refused."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        return f"cannot check {path}: {e.strerror or e}"
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(info.st_mode):
+        return f"{path} is not a {'folder' if folder else 'regular file'}"
+    if info.st_uid != os.geteuid():
+        return f"{path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & 0o022:
+        return f"{path} is writable by its group or others (mode {stat.S_IMODE(info.st_mode):o}; chmod go-w fixes it)"
+    return ""
+
+
+def private_folder(folder: Path) -> str:
+    """ "" when `folder` exists or was made (0700, each missing level) and is this
+    user's own, writable by no one else; else why not. What the cache holds
+    changes what runs (a library, a card's settings, a model's weights), so a
+    folder that others could write is never read or written."""
+    try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir(mode=0o700)
+    except OSError as e:
+        return f"cannot create {folder}: {e.strerror or e}"
+    return owned_by_user(folder, folder=True)
 
 
 def user_cache_dir() -> Path:

@@ -21,11 +21,10 @@ import os
 import platform
 import shlex
 import shutil
-import stat
 import subprocess
 from pathlib import Path
 
-from ..files import user_cache_dir
+from ..files import owned_by_user, user_cache_dir
 
 SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
 
@@ -49,22 +48,6 @@ def cache_folder(create: bool = True) -> tuple[Path | None, str]:
         except OSError as e:
             return folder, f"cannot create {folder}: {e.strerror or e}"
     return folder, owned_by_user(folder, folder=True)
-
-
-def owned_by_user(path: Path, folder: bool) -> str:
-    """ "" when `path` is a folder (or a regular file) owned by this user that no group or
-    others can write to; else why it is refused."""
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        return f"cannot check {path}: {e.strerror or e}"
-    if not (stat.S_ISDIR if folder else stat.S_ISREG)(info.st_mode):
-        return f"{path} is not a {'folder' if folder else 'regular file'}"
-    if info.st_uid != os.geteuid():
-        return f"{path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
-    if info.st_mode & 0o022:
-        return f"{path} is writable by its group or others (mode {stat.S_IMODE(info.st_mode):o}; chmod go-w fixes it)"
-    return ""
 
 
 def compiler() -> list[str]:

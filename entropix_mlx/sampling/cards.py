@@ -10,8 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from ..accel.build import owned_by_user
-from ..files import user_cache_dir
+from ..files import private_folder, user_cache_dir
 
 CARDS_DIR_ENV = "ENTROPIX_CARDS_DIR"  # another folder for user cards (tests, a shared setup)
 
@@ -59,13 +58,7 @@ def checked_user_cards_dir() -> tuple[Path, str]:
     (folder, why not). A card sets what the sampler does, so one that others
     could write is never read."""
     folder = user_cards_dir()
-    try:
-        missing = [p for p in (folder, *folder.parents) if not p.exists()]
-        for p in reversed(missing):
-            p.mkdir(mode=0o700)
-    except OSError as e:
-        return folder, f"cannot create {folder}: {e.strerror or e}"
-    return folder, owned_by_user(folder, folder=True)
+    return folder, private_folder(folder)
 
 
 def user_card_name(model_name: str, identity: str) -> str:
