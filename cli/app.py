@@ -78,9 +78,9 @@ def register_commands():
     if app.registered_commands:
         return
     # after enable(): the command modules import MLX (see the module doc)
-    from . import bench, calibrate, chat, convert, doctor, eval, models_cmd, run, serve
+    from . import bench, cache_cmd, calibrate, chat, convert, doctor, eval, models_cmd, run, serve
 
-    for module in (run, chat, models_cmd, calibrate, bench, eval, serve, doctor, convert):
+    for module in (run, chat, models_cmd, calibrate, bench, eval, serve, doctor, convert, cache_cmd):
         module.register(app)
     for command in app.registered_commands:
         if command.cls in (None, TyperCommand):

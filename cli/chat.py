@@ -32,6 +32,7 @@ from .options import (
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
+    NoCacheOpt,
     NoColorOpt,
     PresencePenaltyOpt,
     RepetitionPenaltyOpt,
@@ -315,13 +316,16 @@ def chat(
     frequency_penalty: FrequencyPenaltyOpt = None,
     no_color: NoColorOpt = False,
     weights: WeightsOpt = default_weights(),
+    no_cache: NoCacheOpt = False,
     budget: BudgetOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     config = check_options(sampler, config, model, budget, **overrides)
-    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)  # under mlx.launch: sharded
+    llm, tokenizer, source = load_model(
+        model, weights, tensor_parallel=True, cache=not no_cache
+    )  # sharded under mlx.launch
     w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
     quiet_unless_root(w)
     options = {"config": config, **overrides, "budget": budget}

@@ -16,6 +16,8 @@ from entropix_mlx.accel.blas import blas_info, blas_name
 from entropix_mlx.accel.build import cache_folder, compiler
 from entropix_mlx.accel.weights import auto_rule, default_weights
 
+from .cache_cmd import summary_line
+
 SETTINGS = ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM", "ENTROPIX_WEIGHTS", "CC", "ENTROPIX_THREADS", "OMP_NUM_THREADS")
 
 
@@ -49,6 +51,7 @@ def report() -> list[tuple[str, str]]:
     weights = default_weights()
     source = "ENTROPIX_WEIGHTS" if os.environ.get("ENTROPIX_WEIGHTS") else "default"
     rows.append(("weights", f"{weights} ({source})" + (f"; auto picks {auto_rule()}" if weights == "auto" else "")))
+    rows.append(("load cache", summary_line()))
     settings = [f"{name}={os.environ[name]}" for name in SETTINGS if name in os.environ]
     rows.append(("settings", " ".join(settings) or "none set"))
     return rows

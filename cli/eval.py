@@ -21,7 +21,7 @@ from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 from entropix_mlx.sampling.settings import read_toml
 
 from .eval_tables import print_open_table, print_table
-from .options import ModelOpt, WeightsOpt
+from .options import ModelOpt, NoCacheOpt, WeightsOpt
 from .run import load_model
 
 # entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
@@ -177,6 +177,7 @@ def eval_command(
         ),
     ] = None,
     weights: WeightsOpt = default_weights(),
+    no_cache: NoCacheOpt = False,
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
     tokens/s, strategy shares, and wins/losses/ties against greedy on the same
@@ -239,7 +240,8 @@ def eval_command(
         resolve_deliberate(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
-    llm, tokenizer, source = load_model(model, weights, card=bool({"entropix", "deliberate"} & set(names)))
+    card = bool({"entropix", "deliberate"} & set(names))
+    llm, tokenizer, source = load_model(model, weights, card=card, cache=not no_cache)
     if cot_default:  # the default room to reason, within a small model's context
         from entropix_mlx.decode.prompt import encode_chat
 

@@ -166,6 +166,13 @@ BudgetOpt = Annotated[
         help="deliberate only: generated tokens at most BUDGET x the longest candidate.",
     ),
 ]
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Read the GGUF file itself, not its loaded form kept in the user cache (see entropix-mlx cache).",
+    ),
+]
 WeightsOpt = Annotated[
     str,
     typer.Option(

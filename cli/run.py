@@ -42,6 +42,7 @@ from .options import (
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
+    NoCacheOpt,
     NoColorOpt,
     PresencePenaltyOpt,
     RepetitionPenaltyOpt,
@@ -62,7 +63,9 @@ _MODELS: dict[tuple[str, str], tuple] = {}
 _CARDS: set[tuple[str, str]] = set()  # the models whose card was found or measured in this process
 
 
-def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True):
+def load_model(
+    ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True, cache: bool = True
+):
     """(model, tokenizer, source), loaded once per process. With `tensor_parallel`,
     under a launcher with several ranks, each rank holds its share of the layers
     (`model.sharding`) and all of them must have rank 0's model files. With `card`,
@@ -72,7 +75,7 @@ def load_model(ref: str | None, weights: str = "auto", tensor_parallel: bool = F
     if key not in _MODELS:
         if len(key) > 2:
             check_same_model(w, resolve(ref).path)
-        _MODELS[key] = load(ref, return_source=True, weights=weights)
+        _MODELS[key] = load(ref, return_source=True, weights=weights, cache=cache)
         if len(key) > 2:
             shard(_MODELS[key][0], w.group)
         warm_up_compiler()
@@ -209,6 +212,7 @@ def run(
     ] = False,
     no_color: NoColorOpt = False,
     weights: WeightsOpt = default_weights(),
+    no_cache: NoCacheOpt = False,
     html: Annotated[
         Path | None,
         typer.Option("--html", help="Also write the answer as a self-contained HTML page (the server page's export)."),
@@ -233,7 +237,7 @@ def run(
         )
     text = read_prompt(prompt)
     llm, tokenizer, source = load_model(
-        model, weights, tensor_parallel=True, card=sampler in ("entropix", "deliberate")
+        model, weights, tensor_parallel=True, card=sampler in ("entropix", "deliberate"), cache=not no_cache
     )  # under mlx.launch: sharded
     w = world()
     quiet_unless_root(w)

@@ -13,7 +13,7 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import run_on_root, world
 from entropix_mlx.errors import ConfigError
 
-from .options import ModelOpt, WeightsOpt
+from .options import ModelOpt, NoCacheOpt, WeightsOpt
 from .run import load_model, quiet_unless_root
 
 
@@ -75,13 +75,14 @@ def serve(
         int, typer.Option("--cache-tokens", min=0, help="Prompt-prefix cache: most token positions kept (0: off).")
     ] = 32768,
     weights: WeightsOpt = default_weights(),
+    no_cache: NoCacheOpt = False,
 ):
     """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key or leave the option out")
     w = world()  # under mlx.launch: the model is split, rank 0 serves and the others follow it
     run_on_root(w, lambda: _check_address(host, port))  # the others stop quietly when it fails
-    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True)
+    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True, cache=not no_cache)
     quiet_unless_root(w)
     if w.root and not _is_loopback(host) and not api_key:
         print(

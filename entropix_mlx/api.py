@@ -44,13 +44,14 @@ class ModelCard:
     tokenizer: object = field(repr=False, default=None)  # the thinking text is in the model's tokens
 
 
-def load(path_or_alias: str | None = None, weights: str = "auto", progress: Callable | None = None):
+def load(path_or_alias: str | None = None, weights: str = "auto", progress: Callable | None = None, cache: bool = True):
     """`(model, tokenizer)` for a GGUF file, a model directory, a Hugging Face
     repo id or the bundled alias (default `smollm2-135m`), with the model's card
     bound to the model. A model without a card is measured once, now (16
     prompts in one batch: seconds for a small model); `progress(done, total)`
-    follows it."""
-    model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights)
+    follows it. A GGUF file's loaded form is kept in the user cache and read
+    from there on later loads (`cache=False`: the file itself)."""
+    model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights, cache=cache)
     status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
     model.entropix_card = ModelCard(source.name, status.path, status.kind, tokenizer)
     return model, tokenizer

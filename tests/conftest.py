@@ -122,6 +122,20 @@ def user_cards(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def load_cache_folder(tmp_path_factory):
+    """Models loaded in the tests are kept in a folder of this test session, never
+    in the user's cache (and never read from there); CLI subprocesses inherit it."""
+    import os
+
+    from entropix_mlx.model.load_cache import LOAD_CACHE_DIR_ENV
+
+    folder = tmp_path_factory.mktemp("loaded")
+    folder.chmod(0o700)
+    os.environ[LOAD_CACHE_DIR_ENV] = str(folder)
+    return folder
+
+
 REAL_MODEL_FIXTURES = {"smollm", "smollm_native", "smollm_float32"}
 
 

@@ -30,7 +30,7 @@ def tiny_files(tmp_path, monkeypatch):
     monkeypatch.setattr(usercard, "PROMPTS", cal.PROMPTS[:3])
     made = {}
 
-    def fake_load(ref, return_source=False, weights="auto"):
+    def fake_load(ref, return_source=False, weights="auto", cache=True):
         path = Path(ref)
         model = make_tiny_model(int(path.stem[-1]), max_position_embeddings=64)
         made[ref] = model

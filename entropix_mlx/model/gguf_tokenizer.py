@@ -70,7 +70,7 @@ def build_tokenizer(metadata: dict, path) -> TokenizerWrapper:
     eos_ids += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION and types[i] == CONTROL]
     eos_ids = [int(i) for i in dict.fromkeys(eos_ids) if isinstance(i, int) and 0 <= i < len(tokens)]
     byte_level = settings.get("tokenizer_type") == "gpt2"
-    detokenizer = _byte_level_detokenizer if byte_level else NaiveStreamingDetokenizer
+    detokenizer = byte_level_detokenizer if byte_level else NaiveStreamingDetokenizer
     return TokenizerWrapper(hf, detokenizer_class=detokenizer, eos_token_ids=eos_ids)
 
 
@@ -84,7 +84,7 @@ def _token(metadata, tokens, key):
     return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
 
-def _byte_level_detokenizer(tokenizer):
+def byte_level_detokenizer(tokenizer):
     """mlx-lm's BPE streaming detokenizer, minus one thing: it drops the leading
     space of a stream's first segment, which is right for tokenizers that add a
     prefix space. GGUF byte-level BPE adds none, so that space is real text; keep

@@ -16,7 +16,7 @@ from mlx_lm.utils import _download, infer_quant_config, load_model, load_tokeniz
 from ..accel.weights import check_weights, choose_weights, to_float32
 from ..errors import ModelLoadError
 from ..files import model_files_identity
-from . import gguf
+from . import gguf, load_cache
 from .families import model_classes
 from .gguf_check import read_header
 
@@ -88,17 +88,21 @@ def resolve(ref: str | None) -> ModelSource:
     )
 
 
-def load(ref: str | None = None, return_source: bool = False, weights: str = "auto"):
+def load(ref: str | None = None, return_source: bool = False, weights: str = "auto", cache: bool = True):
     """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`.
 
     `weights`: "native" keeps the file's format, "float32" dequantizes once
-    (the CPU fast path), "auto" chooses per device and size (accel/weights.py)."""
+    (the CPU fast path), "auto" chooses per device and size (accel/weights.py).
+    `cache`: a GGUF file's loaded form is kept in the user's cache and read
+    from there on later loads (load_cache.py); False reads the file itself."""
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
         header = read_header(source.path)
         fmt = choose_weights(weights, float32_nbytes=4 * sum(math.prod(t.shape) for t in header.tensors))
-        model, tokenizer = load_gguf(source.path, native=fmt == "native")
+        model, tokenizer = (
+            load_gguf_cached(source.path, fmt) if cache else load_gguf(source.path, native=fmt == "native")
+        )
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         source = dataclasses.replace(source, path=path)  # a hub model: its snapshot, which names the revision
@@ -167,6 +171,22 @@ def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True
     g = gguf.read_gguf(path, native)
     tokenizer = gguf.gguf_tokenizer(g.header.metadata, g.header.path)
     return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
+
+
+def load_gguf_cached(path: Path, fmt: str):
+    """`load_gguf` in format `fmt`, through the load cache: read from it when it
+    holds this file, else loaded and kept there for next time."""
+    entry = load_cache.entry_path(path, fmt)
+    loaded = load_cache.read_entry(entry, build_model)
+    if loaded is not None:
+        return loaded
+    g = gguf.read_gguf(path, fmt == "native")
+    tokenizer = gguf.gguf_tokenizer(g.header.metadata, g.header.path)
+    model = build_model(g.config, g.weights, rope_freqs=g.rope_freqs)
+    if fmt == "float32":
+        to_float32(model)
+    load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs)
+    return model, tokenizer
 
 
 def load_directory(path: Path):

@@ -1,0 +1,109 @@
+"""The load cache: a GGUF file's loaded form is kept after the first load and
+read from there later (the same weights, the same tokens), made anew when the
+file changes, never read or written in a folder another user can write, and
+skipped with cache=False."""
+
+import os
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf_writer import write_gguf
+from mlx.utils import tree_flatten
+from test_gguf_families import FAMILIES, mlx_lm_model
+
+from entropix_mlx.model import load_cache, loading
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache" / "loaded"
+    monkeypatch.setenv(load_cache.LOAD_CACHE_DIR_ENV, str(folder))
+    return folder
+
+
+def gguf_file(tmp_path, seed=5, kind="Q8_0", family="qwen2"):
+    config = FAMILIES[family]
+    _, weights = mlx_lm_model(config, seed=seed)
+    path = tmp_path / f"tiny-{family}.gguf"
+    write_gguf(path, config, weights, kind)
+    return path
+
+
+def params(model) -> dict:
+    return {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+
+
+def same(a, b) -> bool:
+    pa, pb = params(a), params(b)
+    return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+@pytest.mark.parametrize("weights", ["native", "float32"])
+def test_a_second_load_reads_the_cache_and_gives_the_same_model(tmp_path, cache_dir, weights, monkeypatch):
+    path = gguf_file(tmp_path)
+    first, tok1 = loading.load(str(path), weights=weights)
+    (entry,) = load_cache.entries()
+    assert entry["path"].parent == cache_dir and entry["name"].endswith(f"-{weights}-{load_cache.loader_key()}")
+    assert os.stat(cache_dir).st_mode & 0o077 == 0
+    # the second load never reads the file's tensors: it comes from the cache
+    monkeypatch.setattr(loading.gguf, "read_gguf", lambda *a, **k: pytest.fail("read the GGUF file again"))
+    second, tok2 = loading.load(str(path), weights=weights)
+    assert same(first, second)
+    text = "Hello, world! 12345 <|im_end|>"
+    assert tok1.encode(text) == tok2.encode(text) and tok1.eos_token_ids == tok2.eos_token_ids
+    assert tok1.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True) == (
+        tok2.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    )
+    ids = mx.array([tok1.encode(text)])
+    assert np.array_equal(np.array(first(ids)[0]), np.array(second(ids)[0]))
+
+
+def test_a_changed_file_is_loaded_again(tmp_path, cache_dir):
+    path = gguf_file(tmp_path, seed=5)
+    first, _ = loading.load(str(path), weights="float32")
+    (tmp_path / "other").mkdir()
+    path.write_bytes(gguf_file(tmp_path / "other", seed=6).read_bytes())  # the same name, other weights
+    second, _ = loading.load(str(path), weights="float32")
+    assert not same(first, second) and len(load_cache.entries()) == 2
+
+
+def test_no_cache_reads_the_file_and_writes_nothing(tmp_path, cache_dir):
+    path = gguf_file(tmp_path)
+    loading.load(str(path), weights="native", cache=False)
+    assert load_cache.entries() == [] and not cache_dir.exists()
+
+
+def test_a_folder_others_can_write_is_never_used(tmp_path, cache_dir):
+    path = gguf_file(tmp_path)
+    cache_dir.mkdir(parents=True)
+    cache_dir.chmod(0o777)
+    loading.load(str(path), weights="native")
+    assert list(cache_dir.iterdir()) == []  # nothing written there
+    # an entry someone else could have written is not read either
+    cache_dir.chmod(0o700)
+    first, _ = loading.load(str(path), weights="native")
+    (entry,) = load_cache.entries()
+    cache_dir.chmod(0o777)
+    assert load_cache.read_entry(entry["path"], loading.build_model) is None
+    cache_dir.chmod(0o700)
+    entry["path"].chmod(0o777)
+    assert load_cache.read_entry(entry["path"], loading.build_model) is None
+
+
+def test_the_cache_command_lists_and_removes_and_run_can_skip_it(tmp_path, cache_dir):
+    from test_cli_run import invoke
+
+    path = gguf_file(tmp_path, family="llama")
+    code, _, err = invoke("run", "hi", "-m", path, "--sampler", "greedy", "--max-tokens", "2", "--no-cache")
+    assert code == 0, err
+    assert load_cache.entries() == []  # --no-cache: the file itself, nothing kept
+    code, _, err = invoke("run", "hi", "-m", path, "--sampler", "greedy", "--max-tokens", "2", "--weights", "native")
+    assert code == 0, err
+    (entry,) = load_cache.entries()
+    code, out, _ = invoke("cache")
+    assert code == 0 and entry["name"] in out and "1 loaded model(s)" in out
+    code, _, err = invoke("cache", "--remove", "nothing-like-it")
+    assert code == 2 and "no such entry" in err
+    code, out, _ = invoke("cache", "--remove", entry["name"])
+    assert code == 0 and "removed" in out and load_cache.entries() == []
