@@ -76,6 +76,18 @@ def serve(
     ] = 32768,
     weights: WeightsOpt = default_weights(),
     no_cache: NoCacheOpt = False,
+    alias: Annotated[
+        list[str] | None,
+        typer.Option("--alias", metavar="NAME", help="Another name /v1/models lists for the model; repeatable."),
+    ] = None,
+    strict_model: Annotated[
+        bool,
+        typer.Option(
+            "--strict-model",
+            help="Refuse a request naming another model than this one (or an --alias); "
+            "by default the model answers whatever name a request gives.",
+        ),
+    ] = False,
 ):
     """Serve the model over an OpenAI-compatible API, with a page at / that shows why each token was chosen."""
     if api_key is not None and not api_key.strip():
@@ -107,6 +119,8 @@ def serve(
         cache_tokens=cache_tokens,
         batch_size=batch_size,
         world=w,
+        strict_model=strict_model,
+        aliases=tuple(alias or ()),
     )
     # uvicorn has shut down and every stream has ended. Leave without running native
     # static destructors: MLX's stream threads can abort the process in them

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("serve") / "serve.log", "--api-key", KEY) as s:
+    # --strict-model: the model refuses other names (the default serves any name: test_server_tiny.py)
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with running_server(log, "--api-key", KEY, "--strict-model", "--alias", "chat-model") as s:
         yield s
 
 

@@ -146,3 +146,30 @@ def test_penalties_reach_every_sampler_and_json_mode_is_refused(tiny_server):
         if status == 400:
             error = json.loads(data)["error"]
             assert error["param"] == "response_format" and "json_object" in error["message"]
+
+
+def test_the_one_model_answers_whatever_name_a_request_gives(tiny_server):
+    port, _ = tiny_server
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "model": "gpt-4"}
+    status, data = request(port, "POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200 and json.loads(data)["model"] == "tiny"  # the answer says which model it is
+    status, listing = get(port, "/v1/models")
+    assert [m["id"] for m in listing["data"]] == ["tiny"] and listing["entropix"] == {
+        "serves": "tiny",
+        "any_name": True,
+    }
+
+
+def test_strict_model_refuses_other_names_and_takes_its_aliases():
+    from starlette.testclient import TestClient
+
+    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    client = TestClient(create_app(engine, strict_model=True, aliases=("chat-model",)))
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for name, status in (("gpt-4", 404), ("/etc/passwd", 404), ("chat-model", 200), ("tiny", 200)):
+        r = client.post("/v1/chat/completions", json={**body, "model": name})
+        assert r.status_code == status, (name, r.text)
+        if status == 404:
+            assert r.json()["error"]["param"] == "model" and "tiny" in r.json()["error"]["message"]
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "chat-model"]
+    engine.close()

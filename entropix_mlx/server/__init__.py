@@ -23,6 +23,8 @@ def serve(
     batch_size: int = 8,
     log_level: str = "info",
     world=None,
+    strict_model: bool = False,
+    aliases: tuple[str, ...] = (),
 ):
     """Start the server and block until it is stopped (Ctrl-C). With `world`
     (a launch of several ranks, the model split across them): rank 0 serves and
@@ -44,7 +46,7 @@ def serve(
             follow(engine)
             return
     engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep)
-    app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY)
+    app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY, strict_model, tuple(aliases))
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
     finally:

@@ -62,14 +62,27 @@ def sse(data) -> str:
 
 
 class Server:
-    def __init__(self, engine: Engine, api_key: str | None = None, max_body: int = MAX_BODY):
+    """`strict_model`: a request naming another model than the served one (or
+    one of `aliases`) is refused; otherwise the one model answers whatever name
+    the request gives, as llama.cpp's and Ollama's single-model servers do
+    (front-ends often send a fixed name such as "gpt-4")."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        api_key: str | None = None,
+        max_body: int = MAX_BODY,
+        strict_model: bool = False,
+        aliases: tuple[str, ...] = (),
+    ):
         self.engine, self.api_key, self.max_body = engine, api_key, max_body
+        self.strict_model, self.aliases = strict_model, tuple(aliases)
 
     # -- preparing a job -------------------------------------------------
 
     def _check_model(self, model: str | None):
-        # Only the served model: the field is a name to match, never something to load.
-        if model is not None and model != self.engine.name:
+        # The field is a name to match, never something to load: the served model answers.
+        if self.strict_model and model is not None and model not in (self.engine.name, *self.aliases):
             raise APIError(
                 404,
                 f"the model '{model}' does not exist; this server serves '{self.engine.name}'",
@@ -231,8 +244,11 @@ class Server:
             {
                 "object": "list",
                 "data": [
-                    {"id": self.engine.name, "object": "model", "created": int(time.time()), "owned_by": "entropix-mlx"}
+                    {"id": name, "object": "model", "created": int(time.time()), "owned_by": "entropix-mlx"}
+                    for name in (self.engine.name, *self.aliases)
                 ],
+                # What a request's "model" may name: these, or any name (the one model answers).
+                "entropix": {"serves": self.engine.name, "any_name": not self.strict_model},
             }
         )
 
@@ -288,9 +304,14 @@ class _Auth:
 
 
 def create_app(
-    engine: Engine, api_key: str | None = None, allow_origins: list[str] | None = None, max_body: int = MAX_BODY
+    engine: Engine,
+    api_key: str | None = None,
+    allow_origins: list[str] | None = None,
+    max_body: int = MAX_BODY,
+    strict_model: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Starlette:
-    server = Server(engine, api_key, max_body)
+    server = Server(engine, api_key, max_body, strict_model, aliases)
     routes = [
         Route("/", server.page),
         Route("/health", server.health),
