@@ -1,7 +1,7 @@
 """A model without a card gets one on its first use (entropix_mlx/eval/usercard.py):
 a progress bar while it is measured, then one line saying where it went."""
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from entropix_mlx.eval.usercard import ensure_card
 
@@ -15,11 +15,18 @@ def ensure_model_card(llm, tokenizer, source, no_color: bool = False):
 
     def progress(i, n):
         if not bar:
+            console.print(
+                f"{source.name} has no card yet: measuring it once ({n} tokens of short answers to built-in "
+                "prompts, seconds to a minute); later starts reuse it",
+                style=render.META_STYLE,
+            )
             bar["p"] = Progress(
-                TextColumn(f"measuring a card for {source.name}"),
+                TextColumn("measuring"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TextColumn("tokens"),
                 TimeElapsedColumn(),
+                TimeRemainingColumn(),
                 console=console,
                 transient=True,
                 disable=not console.is_terminal,  # a bar drawn into a pipe is noise: the line after says it all

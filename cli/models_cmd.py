@@ -7,7 +7,7 @@ import typer
 
 from entropix_mlx.errors import ModelLoadError
 from entropix_mlx.model.loading import BUNDLED, DEFAULT_MODEL, bundled_path, resolve
-from entropix_mlx.sampling.cards import card_path, cards_dir
+from entropix_mlx.sampling.cards import card_path, cards_dir, user_cards_dir
 
 from . import render
 
@@ -57,11 +57,29 @@ def rows() -> list[tuple[str, str, str, str]]:
             else (source or "(card only: run with --model FILE, DIRECTORY or REPO whose name is " + card.stem + ")")
         )
         table.append((card.stem, "card", loads_from, str(card)))
-    return table
+    return table + measured_rows()
+
+
+def measured_rows() -> list[tuple[str, str, str, str]]:
+    """(model, "measured DATE", where it was loaded from, card) for every card
+    measured on a model's first use, in the user cards folder."""
+    folder = user_cards_dir()
+    out = []
+    for card in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+        try:
+            data = tomllib.loads(card.read_text())
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            out.append((card.stem, "measured (unreadable)", "", str(card)))
+            continue
+        date = data.get("calibration", {}).get("date", "?")
+        source = data.get("source") or "(measured before cards named their model's path)"
+        out.append((str(data.get("name", card.stem)), f"measured {date}", source, str(card)))
+    return out
 
 
 def models(no_color: bool = typer.Option(False, "--no-color", help="Plain text.")):
-    """List the bundled model and the model cards under models/, with where each loads from."""
+    """List the bundled model, the model cards under models/ and the cards measured on first use, with where each
+    model loads from."""
     console = render.make_console(no_color=no_color)
     table = [("name", "kind", "loads from", "card"), *rows()]
     widths = [max(len(row[i]) for row in table) for i in range(3)]

@@ -50,7 +50,7 @@ def test_load_binds_a_card_measured_on_first_use(tiny_files):
     seen = []
     model, tokenizer = api.load(tiny_files[0], progress=lambda i, n: seen.append(i))
     card = model.entropix_card
-    assert card.kind == "measured" and card.path.is_file() and seen == [0, 1, 2, 3]
+    assert card.kind == "measured" and card.path.is_file() and seen[0] == 0 and len(seen) > 4
     again, _ = api.load(tiny_files[0])
     assert again.entropix_card.kind == "user" and again.entropix_card.path == card.path
     sampler = api.make_sampler("entropix", model=model)

@@ -49,7 +49,10 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     status = usercard.ensure_card(model, tokenizer, source, progress=lambda i, n: seen.append((i, n)))
     assert status.kind == "measured" and status.path.parent == cards_dir and status.path.is_file()
     assert "has no card: measured one" in status.note and str(status.path) in status.note
-    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    # the bar moves with tokens: from 0 to the most the 3 answers may take, step by step
+    total = seen[0][1]
+    assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) > 4
+    assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:], strict=False))
     assert stat.S_IMODE(cards_dir.stat().st_mode) == 0o700
     data = tomllib.loads(status.path.read_text())
     assert data["identity"] == model_identity(source) and data["name"] == "tiny"
@@ -147,11 +150,18 @@ def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_d
     monkeypatch.setattr(run_cmd, "_CARDS", set())
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0, err
-    assert err.count("has no card: measured one") == 1 and "mine-" in err
-    assert "model card mine-" in err  # the header names the card it uses
+    # it says what it does before measuring, then what it did
+    before, after = err.index("has no card yet: measuring it once"), err.index("has no card: measured one")
+    assert before < after and err.count("has no card: measured one") == 1 and "mine-" in err
+    today = __import__("datetime").date.today().isoformat()
+    assert f"card measured on first use ({today}): mine-" in err  # the header names the card it uses
     run_cmd._CARDS.clear()  # as a new process would
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
-    assert code == 0 and "measured" not in err and "model card mine-" in err
+    assert code == 0 and "measuring" not in err and f"card measured on first use ({today}): mine-" in err
+    # `models` lists it, with the model it belongs to and where that loads from
+    code, out, _ = invoke("models", "--no-color")
+    line = next(line for line in out.splitlines() if line.startswith("mine "))
+    assert f"measured {today}" in line and str(path) in line and str(cards_dir) in line
 
 
 def test_a_base_model_without_a_chat_template_gets_its_card_and_plain_prompts(tmp_path, cards_dir):

@@ -164,12 +164,25 @@ def deliberate_table(found: dict) -> str:
     return "\n".join(lines + [f"{k} = {toml_value(v)}" for k, v in {**NEW_MODEL_DELIBERATE, **fields}.items()])
 
 
+class CountingSampler(TemperatureSampler):
+    """Calibration's sampler, telling `tick` of every token it chooses (the bar)."""
+
+    def __init__(self, tick, *args):
+        super().__init__(*args)
+        self.tick = tick
+
+    def finish(self, step, plan):
+        self.tick()
+        return super().finish(step, plan)
+
+
 def collect(
     model, tokenizer, prompts=PROMPTS, max_tokens: int = 24, seed: int = 0, attention_layers="all", progress=None
 ) -> dict[str, np.ndarray]:
     """Every step's six metrics over short sampled answers to `prompts`, all
     answered at once by the batch engine (a model's first use waits for this);
-    `progress(done, n)` at the start and as each answer finishes."""
+    `progress(done, n)` in tokens: at the start, at every step, and at the end
+    (n is the most the answers may take; answers that end early take fewer)."""
 
     base = SamplerConfig()
     if attention_layers != "all":
@@ -186,20 +199,27 @@ def collect(
         if room >= 1:
             requests.append(Request(ids, seed + i, min(max_tokens, room)))
             prompt_of.append(i)
+    total, done = sum(r.max_tokens for r in requests), [0]
+
+    def tick():
+        done[0] += 1
+        if progress:
+            progress(min(done[0], total), total)
+
     if progress:
-        progress(0, len(requests))
+        progress(0, total)
     answers = []
     rows = generate_batch(
         model,
         tokenizer,
         requests,
-        lambda: TemperatureSampler(base.temperature, base.top_p, base.top_k, base.min_p),
+        lambda: CountingSampler(tick, base.temperature, base.top_p, base.top_k, base.min_p),
         batch_size=max(1, len(requests)),
     )
-    for done, (index, result, _) in enumerate(rows, start=1):
+    for index, result, _ in rows:
         answers.append((prompt_of[index], [[float(m[n]) for n in METRIC_NAMES] for m in result.metrics]))
-        if progress:
-            progress(done, len(requests))
+    if progress:
+        progress(total, total)
     by_prompt = sorted(a for part in all_gather_json(w, answers) for a in part)
     steps = [step for _, answer in by_prompt for step in answer]
     data = np.array(steps, dtype=np.float64).reshape(-1, len(METRIC_NAMES))
@@ -276,12 +296,14 @@ def card_text(
     clipped: dict | None = None,
     identity: str | None = None,
     rules: dict | None = None,
+    model_path: str | None = None,
 ) -> str:
     lines = [
         f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
         "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
         f"name = {toml_value(model_name)}",
         *([f"identity = {toml_value(identity)}  # the model this card was measured on"] if identity else []),
+        *([f"source = {toml_value(model_path)}  # where that model was loaded from"] if model_path else []),
         "",
         "[sampler]",
         *(f"{k} = {toml_value(v)}" for k, v in sampler_fields.items()),
@@ -337,6 +359,7 @@ def calibrate(
     samples: dict | None = None,
     progress=None,
     identity: str | None = None,
+    model_path: str | None = None,
 ) -> tuple[Path, dict, dict]:
     """Measure, derive thresholds, write the card; returns (path, thresholds, samples).
 
@@ -368,7 +391,17 @@ def calibrate(
     # sampler reads the card from its machine's cache, and every rank measured the same samples.
     if world().root or identity is not None:
         text = card_text(
-            model_name, samples, fields, len(prompts), max_tokens, extra, vocabulary, clipped, identity, rules
+            model_name,
+            samples,
+            fields,
+            len(prompts),
+            max_tokens,
+            extra,
+            vocabulary,
+            clipped,
+            identity,
+            rules,
+            model_path,
         )
         write_card(path, text)
     return path, found, samples

@@ -76,7 +76,8 @@ def ensure_card(
             warn(f"warning: the card {path} cannot be used ({problem}); measuring it again")
         path.unlink(missing_ok=True)  # its kept tables would carry the damage over
     start = time.perf_counter()
-    calibrate(model, tokenizer, source.name, path, PROMPTS, progress=progress, identity=identity)
+    where = source.ref if source.kind == "hub" else str(source.path)
+    calibrate(model, tokenizer, source.name, path, PROMPTS, progress=progress, identity=identity, model_path=where)
     seconds = time.perf_counter() - start
     use_card(source.name, path)
     note = (

@@ -199,8 +199,6 @@ def resolve_config(model_name: str | None = None, config=None, **overrides) -> t
     a SamplerConfig. `overrides`: field values applied last (None = unset).
     """
     card = card_table(SamplerConfig, model_name)
-    if card:
-        card = card[0], f"{card[1]} (calibrated)"
     if config == "reference":
         return layered((SamplerConfig(), "preset reference"), None, overrides)
     if config == "calibrated":

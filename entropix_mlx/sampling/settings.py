@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from ..errors import ConfigError
-from .cards import card_path
+from .cards import card_path, cards_dir
 
 Rule = Callable[[object], str | None]  # a value -> what is wrong with it, or None
 Check = Callable[[object], tuple[str, str] | None]  # settings -> (field, what is wrong), or None
@@ -169,7 +169,16 @@ def card_table(cls: type[Settings], model_name: str | None) -> tuple[Settings, s
     data = read_toml(path)
     if cls.kind not in data:
         return None
-    return cls.from_document(data, path), f"model card {path.name}"
+    return cls.from_document(data, path), card_label(path, data)
+
+
+def card_label(path: Path, data: dict) -> str:
+    """Where settings came from, in the header's words: a card shipped with the
+    package, or one measured on the model's first use (and when)."""
+    if path.parent == cards_dir():
+        return f"shipped card {path.name}"
+    date = data.get("calibration", {}).get("date", "an earlier run")
+    return f"card measured on first use ({date}): {path.name}"
 
 
 def layered(under: tuple[Settings, str], config=None, overrides: dict | None = None) -> tuple[Settings, str]:
