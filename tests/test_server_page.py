@@ -305,7 +305,15 @@ def test_chart_labels_never_overlap_and_no_line_crosses_the_legend(browser, thre
         [tokens, thresholds],
     )
     texts = boxes["texts"]
-    assert len([t for t in texts if "_" in t[4]]) == len(thresholds)  # a label per threshold
+    # a label per value of each metric's thresholds, naming every threshold at it
+    shown = {(name.split("_")[1], f"{v:.2f}") for name, v in thresholds.items()}
+    threshold_labels = [t[4] for t in texts if "_" in t[4]]
+    assert len(threshold_labels) == len(shown)
+    for name in thresholds:  # "high_entropy 20", or "low/high_varentropy 6.3" for two at one value
+        level, metric = name.split("_", 1)
+        assert any(level in label.split("_")[0].split("/") and f"_{metric} " in label for label in threshold_labels)
+    if thresholds.get("low_varentropy") == thresholds.get("high_varentropy"):
+        assert any(label.startswith("low/high_varentropy ") for label in threshold_labels)
     for a, b in ((a, b) for i, a in enumerate(texts) for b in texts[i + 1 :]):
         assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a[4], b[4])
     for x0, y0, x1, y1, text in texts:

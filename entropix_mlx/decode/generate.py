@@ -91,7 +91,7 @@ class Generation:
                 piece = text.add(token, last=len(self.tokens) == self.max_tokens)
                 top = choice.top if i == 0 else []  # alternatives where the sampler chose
                 event = TokenEvent(
-                    token, piece, choice.strategy, logprob, choice.metrics, choice.params, choice.note, top
+                    token, piece, choice.strategy, logprob, choice.metrics_at(i), choice.params, choice.note, top
                 )
                 self.events.append(event)
                 self._gen_time = time.perf_counter() - self._gen_start

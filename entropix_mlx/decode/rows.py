@@ -102,7 +102,7 @@ class Row:
         self.prefix_cache, self.prefix_len = prefix_cache, prefix_len  # what its prompt starts from
         self.pooled = False  # its sampler goes back to the batch's pool when it finishes
         self.key = mx.random.key(request.seed)
-        self.queue: deque = deque()  # (token, logprob, choice, first) chosen but not yet fed
+        self.queue: deque = deque()  # (token, logprob, choice, its index in the choice) chosen but not yet fed
         self.result = RowResult(prompt_tokens=len(request.prompt), row=number)
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None  # set when the row's state lives outside the batch
@@ -152,10 +152,10 @@ class Row:
         res.notes.append(note)
         res.tops.append(top or [])
 
-    def _take(self, token, logprob, choice, first: bool):
+    def _take(self, token, logprob, choice, i: int):
         # Alternatives are known only where the sampler itself chose: a choice's first token.
-        top = choice.top if first else None
-        self._record(token, logprob, choice.strategy, choice.metrics, choice.params, choice.note, top)
+        top = choice.top if i == 0 else None
+        self._record(token, logprob, choice.strategy, choice.metrics_at(i), choice.params, choice.note, top)
 
     def decision(self, model, row_cache) -> tuple[Step, mx.array] | None:
         """The step and key of this row's next sampler decision; None while
@@ -186,24 +186,24 @@ class Row:
                     if token in eos:
                         res.finish_reason = "eos"
                         return None
-                    self._take(token, logprob, choice, i == 0)
+                    self._take(token, logprob, choice, i)
                 res.finish_reason = "length"
                 return None
             if choice.advanced is not None:
                 for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):
-                    self._take(token, logprob, choice, i == 0)
+                    self._take(token, logprob, choice, i)
                 cache, logits, scores = choice.advanced
                 self.own_cache = list(cache)
                 self.logits, self.scores = logits[0, -1], [s[0] for s in scores]
                 return None
             self.queue.extend(
-                (t, lp, choice, i == 0) for i, (t, lp) in enumerate(zip(tokens, choice.logprobs, strict=False))
+                (t, lp, choice, i) for i, (t, lp) in enumerate(zip(tokens, choice.logprobs, strict=False))
             )
-        token, logprob, choice, first = self.queue.popleft()
+        token, logprob, choice, i = self.queue.popleft()
         if token in eos:
             res.finish_reason = "eos"
             return None
-        self._take(token, logprob, choice, first)
+        self._take(token, logprob, choice, i)
         if len(res.tokens) >= limit:
             res.finish_reason = "length"
             return None

@@ -308,7 +308,7 @@ class EntropixSampler(TwoPhaseSampler):
             return {"temperature": round(t, 6), "top_k": int(k), "top_p": round(p, 6), "min_p": round(mp, 6)}
 
         inserted = False
-        advanced = None
+        advanced = token_metrics = None
         if strategy == "argmax":
             out, lps, params = tokens["argmax"], logprobs["argmax"], dict(GREEDY_PARAMS)
         elif strategy == "think":
@@ -327,7 +327,8 @@ class EntropixSampler(TwoPhaseSampler):
                 cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept, strict=False) if k]
             params = params_of("branch")
             if step.model is not None and step.cache is not None and len(cands) > 1:
-                out, lps, advanced = branch(self, step, cands)
+                out, lps, advanced, later = branch(self, step, cands)
+                token_metrics = [metrics] + [{**m, "rollout_step": j} for j, m in enumerate(later, 1)]
             else:
                 out, lps = [cands[0][0]], [cands[0][1]]
         elif strategy == "resample":
@@ -347,6 +348,7 @@ class EntropixSampler(TwoPhaseSampler):
             params,
             advanced=advanced,
             inserted=inserted,
+            token_metrics=token_metrics,
             note=LOGIT_NOTES[plan["note"].item()],
         )
 

@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from ..model.cache import SharedPrefixCache
 from .config import CONFIDENCE_SELECTS
+from .metrics import logits_entropy
 from .repetition import first_repeat, path_repeats
 from .samplers import Step
 
@@ -26,7 +27,11 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     turn is scored), and an accepted path that ends the turn needs no state
     after it. With branch_decide_tokens the rows are compared once their
     paths hold that many tokens, and only the winner rolls on; alone, it
-    stops at its first repetition unit (nothing after it is handed out)."""
+    stops at its first repetition unit (nothing after it is handed out).
+
+    Returns the accepted tokens, their log-probabilities, the state after them
+    (or None) and, for each token after the first, the entropy and varentropy
+    of the distribution it was chosen from (the first is the step's own)."""
     n, depth = len(cands), sampler.config.branch_rollout_tokens
     decide = sampler.config.branch_decide_tokens or depth
     confidence = sampler.config.branch_select in CONFIDENCE_SELECTS
@@ -40,13 +45,16 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     path = [mx.array([t for t, _ in cands])]
     path_lps = [mx.array([lp for _, lp in cands])]  # nats, (n,) per position
     margins = []  # top-1 - top-2 probability, (n,) per position
+    spread = []  # entropy and varentropy of the next token's distribution, (n, 2) per position
     rollout = [SharedPrefixCache(c, n, depth - 1) for c in step.cache] if depth > 1 else []
     for _ in range(depth - 1):
         if confidence and eos and all(ended):
             break
         if n > 1 and len(path) >= decide:  # decided: the other rows stop here
             best = _rank_rows(sampler, path, path_lps, margins, step.tokens)[0]
-            path, path_lps, margins = ([a[best : best + 1] for a in arrays] for arrays in (path, path_lps, margins))
+            path, path_lps, margins, spread = (
+                [a[best : best + 1] for a in arrays] for arrays in (path, path_lps, margins, spread)
+            )
             said, ended, n = [said[best]], [ended[best]], 1
             for shared in rollout:
                 shared.keep_row(best)
@@ -62,6 +70,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
         if penalties is not None:  # the request's penalties along each row's own path
             lp = mx.stack([penalties.apply(lp[i], row) for i, row in enumerate(said)])
         lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+        spread.append(mx.stack(logits_entropy(lp), axis=-1))
         nxt = mx.argmax(lp + _rows_bias(sampler, said, lp.shape[-1]) if scored else lp, axis=-1)
         if confidence:
             top2 = mx.exp(mx.topk(lp, 2, axis=-1))
@@ -74,6 +83,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
             for row, t in zip(said, chosen, strict=False):
                 row.append(t)
     best, paths, lps, path = _rank_rows(sampler, path, path_lps, margins, step.tokens)
+    later = [{"entropy": h, "varentropy": v} for h, v in _row_spread(spread, best)]
     # The rollout continued greedily, unscored: accept it only up to its first token
     # with repetition units (at least its first token), so a looping continuation is
     # never handed out whole; the next step decides there, with the score.
@@ -82,14 +92,23 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
         keep = max(1, first_repeat(step.tokens, paths[best], sampler.config.repetition_ngram))
     end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
     if end is not None:  # the turn ends here: no state after it is needed
-        return paths[best][: end + 1], lps[best][: end + 1], None
+        return paths[best][: end + 1], lps[best][: end + 1], None, later[:end]
     for layer, shared in zip(step.cache, rollout if keep > 1 else (), strict=False):
         keys, values = shared.row(best)
         layer.update_and_fetch(keys[..., : keep - 1, :], values[..., : keep - 1, :])
     del rollout  # it references the prefix: appending to the cache while it lives would copy it
     logits, scores = step.model(path[best : best + 1, keep - 1 : keep], step.cache)
     mx.eval(logits, scores)
-    return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores)
+    return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores), later[: keep - 1]
+
+
+def _row_spread(spread: list, row: int) -> list[tuple[float, float]]:
+    """(entropy, varentropy) per rollout position of one row (rows narrowed to
+    one after the decision keep it at index 0)."""
+    if not spread:
+        return []
+    rows = [s[row if s.shape[0] > row else 0] for s in spread]
+    return [tuple(v) for v in mx.stack(rows).tolist()]
 
 
 def _rank_rows(sampler, path: list, path_lps: list, margins: list, history: list[int]):

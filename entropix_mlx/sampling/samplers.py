@@ -43,6 +43,9 @@ class Choice:
     # (cache, logits, scores) after the last of them, so the loop need not redo it.
     advanced: tuple | None = None
     inserted: bool = False  # the tokens are an inserted thinking text, not sampled
+    # Per token of a several-token choice, when they differ: a branch rollout's later
+    # tokens carry the entropy and varentropy of their own step (None: `metrics` for all).
+    token_metrics: list | None = None
     note: str = ""  # what the sampler had to repair, e.g. NaN logits ("" when nothing)
     # Alternatives to this (one-token) choice, each to start a row of its own at
     # this position in batched generation: (token, logprob, metrics[, strategy of its
@@ -51,6 +54,10 @@ class Choice:
     # The k most likely next tokens where this choice was made, (token, logprob)
     # pairs, filled only when a recorder asks (the server's top_logprobs).
     top: list = field(default_factory=list)
+
+    def metrics_at(self, i: int) -> dict:
+        """The metrics of the choice's i-th token."""
+        return self.token_metrics[i] if self.token_metrics and i < len(self.token_metrics) else self.metrics
 
 
 class Sampler(Protocol):

@@ -126,7 +126,7 @@ const EntropixView = (() => {
   // The series' legend has a band of its own above the plot, so no threshold line
   // crosses it; threshold labels sit in the right margin, a line apart at least.
   function chart(svg, tokens, thresholds) {
-    const W = 980, H = 190, L = 34, R = 150, T = 24, B = 22, LINE = 13;
+    const W = 980, H = 190, L = 34, R = 190, T = 24, B = 22, LINE = 13;
     svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
     svg.setAttribute("preserveAspectRatio", "none");
     svg.replaceChildren();
@@ -156,10 +156,20 @@ const EntropixView = (() => {
     for (const [name, cls] of lines) {
       if (typeof t[name] !== "number" || t[name] > ymax) continue;
       add("line", { class: `threshold ${cls}`, "data-threshold": name, x1: L, x2: W - R, y1: y(t[name]), y2: y(t[name]) });
-      labels.push({ y: y(t[name]) + 3, text: `${name} ${fmt(t[name], 2)}`, cls, name, order: labels.length });
+      // Thresholds of one metric at one value share a label that names them all
+      // ("low/high_varentropy 6.3"): two labels with one number read as two different lines.
+      const same = labels.find((l) => l.cls === cls && l.value === fmt(t[name], 2));
+      if (same) {
+        same.names.push(name);
+        const metric = name.slice(name.indexOf("_"));
+        same.text = `${same.names.map((m) => m.slice(0, m.indexOf("_"))).join("/")}${metric} ${same.value}`;
+        continue;
+      }
+      labels.push({ y: y(t[name]) + 3, text: `${name} ${fmt(t[name], 2)}`, cls, name, names: [name],
+                    value: fmt(t[name], 2), order: labels.length });
     }
     // Each label as near its line as the others allow: top-down at least a line apart,
-    // then bottom-up back inside the chart (equal thresholds get a label each, stacked).
+    // then bottom-up back inside the chart.
     labels.sort((a, b) => a.y - b.y || b.order - a.order);   // equal values: high_ above low_
     const top = T + 2, bottom = H - B + 3;
     labels.forEach((l, i) => { l.y = Math.max(l.y, top, i ? labels[i - 1].y + LINE : top); });

@@ -1,0 +1,38 @@
+"""A token that a branch rollout chose carries the entropy and varentropy of its
+own step, not those of the step where the branch started (run --json, the
+page's chart and --html draw them per token)."""
+
+import mlx.core as mx
+import pytest
+from conftest import make_tiny_model
+
+from entropix_mlx.decode.generate import generate
+from entropix_mlx.sampling.config import SamplerConfig
+from entropix_mlx.sampling.entropix import EntropixSampler
+from entropix_mlx.sampling.metrics import logits_entropy
+
+# every step a branch of 3 candidates rolled out 6 tokens; no repetition rule cutting the path short
+ALWAYS_BRANCH = dict(
+    low_entropy=0.0, low_varentropy=0.0, medium_entropy=1e3, high_entropy=1e3, high_varentropy=0.0,
+    strategies=("branch", "adaptive"), branch_rollout_tokens=6, branch_candidates=3, repetition_penalty=0.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("decide", [0, 2])
+def test_rollout_tokens_carry_their_own_steps_metrics(tiny_tokenizer, decide):
+    model = make_tiny_model(0, tie_word_embeddings=False)
+    sampler = EntropixSampler(SamplerConfig(**ALWAYS_BRANCH, branch_decide_tokens=decide), tiny_tokenizer)
+    prompt = list(tiny_tokenizer.encode("a question"))
+    events = list(generate(model, tiny_tokenizer, prompt, sampler, max_tokens=12))
+    rollout = [i for i, e in enumerate(events) if e.metrics.get("rollout_step")]
+    assert rollout and all(events[i].strategy == "branch" for i in rollout)
+    tokens = [e.token for e in events]
+    logits = model(mx.array([prompt + tokens]))[0][0]  # the model's own distribution at every position
+    differs = 0
+    for i in rollout:
+        h, v = logits_entropy(logits[len(prompt) + i - 1])
+        assert events[i].metrics["entropy"] == pytest.approx(h.item(), abs=1e-3)
+        assert events[i].metrics["varentropy"] == pytest.approx(v.item(), abs=1e-2)
+        start = events[i - events[i].metrics["rollout_step"]]
+        differs += abs(events[i].metrics["entropy"] - start.metrics["entropy"]) > 1e-3
+    assert differs  # not the branch start's values copied along
