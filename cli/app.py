@@ -4,6 +4,7 @@ The command modules import MLX, which binds its BLAS on that first import, so th
 imported only inside `main()`, after `enable()` has put the CPU fast path in place.
 """
 
+import inspect
 import os
 import sys
 
@@ -26,13 +27,17 @@ except ImportError:
 class _NoFlagType:
     """Typer (0.29) writes a flag's type in --help, `--json <bool>`, as if it took a
     value. Flags take none: an empty metavar leaves the column blank, for every
-    flag of every command, --help itself included (Click adds that one)."""
+    flag of every command, --help itself included (Click adds that one). It also
+    writes a required argument as `{PROMPT}` in the usage line; it is `PROMPT`,
+    as Click and every manual page write it."""
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
         for param in params:
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
+            if param.param_type_name == "argument" and param.required and hasattr(param, "_usage_display_name"):
+                param._usage_display_name = lambda p=param: p.display_name_raw + ("..." if p.nargs != 1 else "")
         return params
 
 
@@ -85,6 +90,13 @@ def register_commands():
     for command in app.registered_commands:
         if command.cls in (None, TyperCommand):
             command.cls = Command
+        command.help = reflowed(command.help or inspect.getdoc(command.callback) or "")
+
+
+def reflowed(text: str) -> str:
+    """A docstring's paragraphs each on one line, so --help wraps them to the
+    terminal's width instead of keeping the source's line breaks too."""
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
 
 
 def fail(message: str, code: int = 2):

@@ -65,8 +65,8 @@ def calibrate(
     ] = None,
     weights: WeightsOpt = default_weights(),
 ):
-    """Calibrate the Entropix thresholds for a model (a few minutes on CPU); --tune also
-    chooses its strategy settings on the dev split."""
+    """Measure the Entropix thresholds for a model (seconds to a minute: 16 short answers in one batch); --tune
+    also chooses its strategy settings on the dev split (an hour or more on a CPU)."""
     from entropix_mlx.eval.calibrate import PROMPTS, QUANTILES
     from entropix_mlx.eval.calibrate import calibrate as run_calibration
 

@@ -8,8 +8,10 @@ from entropix_mlx.model.loading import resolve
 
 
 def convert(
-    model: str = typer.Argument(..., help="A .gguf file or the bundled alias."),
-    outdir: str = typer.Argument(..., help="The folder to write (config.json, model.safetensors, tokenizer)."),
+    model: str = typer.Argument(..., metavar="MODEL", help="A .gguf file or the bundled alias."),
+    outdir: str = typer.Argument(
+        ..., metavar="OUTDIR", help="The folder to write (config.json, model.safetensors, tokenizer)."
+    ),
     weights: str = typer.Option(
         "native", "--weights", help="native: the file's quantization, as MLX quantization; float32: dequantized."
     ),

@@ -79,6 +79,7 @@ def eval_command(
     tasks: Annotated[
         Path | None,
         typer.Argument(
+            metavar="TASKS",
             help="JSON Lines task file (question, answer, optional choices, prompt, split, category); "
             "with --open, a text file with one prompt per line.",
             show_default=False,

@@ -192,7 +192,7 @@ def silence_stdout():
 
 
 def run(
-    prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from standard input.")],
+    prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The prompt; '-' reads it from standard input.")],
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
