@@ -189,48 +189,10 @@ def eval_command(
 
     names = _samplers(samplers)
     max_tokens = _budgets(max_tokens)
-    if open_text:
-        whole = [n for n in names if n in ("deliberate", "cot_decoding", *VOTE_NAMES)]
-        if whole:  # they pick among whole answers by their task's answer
-            raise ConfigError(f"--samplers {whole[0]} is for task files; --open measures free writing")
-        if isinstance(max_tokens, list):
-            raise ConfigError("--max-tokens takes one limit with --open")
-        if items is not None:
-            raise ConfigError("--items selects task file items; use --limit with --open")
-        if cot:
-            raise ConfigError("--cot is for task files; --open measures free writing (use one of them)")
-        if split is not None:
-            raise ConfigError("--split selects task file items; --open prompts have no split")
-        if builtin and tasks is not None:
-            raise ConfigError("give a prompt file or --builtin (or neither, for the built-in prompts)")
-    elif builtin == (tasks is not None):
-        raise ConfigError("give a task file or --builtin (one of them)")
-    split = split or "test"
-    if split not in ev.SPLIT_CHOICES:
-        raise ConfigError(f"--split {split!r}: give dev, test or all")
-    if plot is not None:
-        if plot.suffix.lower() != ".png":
-            raise ConfigError(f"--plot {plot}: give a file name ending in .png")
-        try:  # matplotlib: an optional extra, only for --plot
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
-    # A TOML file's [deliberate] table sets deliberate; the rest of --config is Entropix's.
-    for_deliberate = config is not None and str(config).endswith(".toml") and "deliberate" in read_toml(config)
-    if config is not None and "entropix" not in names and not ("deliberate" in names and for_deliberate):
-        raise ConfigError(
-            "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
-            "which --samplers does not include"
-        )
-    if open_text:
-        path = tasks if tasks is not None else ev.builtin_prompts_path()
-        task_list = ev.load_prompts(path)[:limit]
-    else:
-        path = ev.builtin_tasks_path() if builtin else tasks
-        task_list = ev.select_split(ev.load_tasks(path), split)
-        task_list = task_list[_item_range(items, len(task_list))][:limit]
-        if not task_list:
-            raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
+    split = _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks)
+    _check_plot(plot)
+    for_deliberate = _config_for(config, names)
+    task_list, path = _task_list(open_text, tasks, builtin, split, items, limit)
     cot_default = max_tokens is None and cot
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
@@ -243,11 +205,8 @@ def eval_command(
     check_same_model(w, source.path)
     card = bool({"entropix", "deliberate"} & set(names))
     llm, tokenizer, source = load_model(model, weights, card=card, cache=not no_cache)
-    if cot_default:  # the default room to reason, within a small model's context
-        from entropix_mlx.decode.prompt import encode_chat
-
-        prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(True)}]) for t in task_list]
-        max_tokens = max(1, min(max_tokens, llm.args.max_position_embeddings - max(map(len, prompts))))
+    if cot_default:
+        max_tokens = _room_to_reason(llm, tokenizer, task_list, max_tokens)
 
     def factory(name):  # the records hold each token's log-probability, never its metrics
         return make_sampler(
@@ -268,15 +227,12 @@ def eval_command(
     else:
         cfg = ev.EvalConfig(**common, tasks_name="builtin" if builtin else Path(path).name, split=split, cot=cot)
         run = ev.run_eval
+    if not w.root:
+        run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory)
+        return
     try:
-        if w.root:
-            results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
-        else:
-            run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory)
-            return
+        results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
     except KeyboardInterrupt:
-        if not w.root:
-            raise
         where = (
             f"; the finished items are in {out}: run the same command again to continue"
             if out
@@ -284,6 +240,84 @@ def eval_command(
         )
         print(f"\ninterrupted{where}", file=sys.stderr)
         raise
+    _report(results, as_json, open_text, plot)
+
+
+def _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks) -> str:
+    """Refuse what the mode (accuracy on a task file, or --open) cannot do; the split to run."""
+    if open_text:
+        whole = [n for n in names if n in ("deliberate", "cot_decoding", *VOTE_NAMES)]
+        if whole:  # they pick among whole answers by their task's answer
+            raise ConfigError(f"--samplers {whole[0]} is for task files; --open measures free writing")
+        refused = [
+            (isinstance(max_tokens, list), "--max-tokens takes one limit with --open"),
+            (items is not None, "--items selects task file items; use --limit with --open"),
+            (cot, "--cot is for task files; --open measures free writing (use one of them)"),
+            (split is not None, "--split selects task file items; --open prompts have no split"),
+            (builtin and tasks is not None, "give a prompt file or --builtin (or neither, for the built-in prompts)"),
+        ]
+        for wrong, message in refused:
+            if wrong:
+                raise ConfigError(message)
+    elif builtin == (tasks is not None):
+        raise ConfigError("give a task file or --builtin (one of them)")
+    from entropix_mlx.eval.tasks import SPLIT_CHOICES
+
+    split = split or "test"
+    if split not in SPLIT_CHOICES:
+        raise ConfigError(f"--split {split!r}: give dev, test or all")
+    return split
+
+
+def _check_plot(plot: Path | None) -> None:
+    if plot is None:
+        return
+    if plot.suffix.lower() != ".png":
+        raise ConfigError(f"--plot {plot}: give a file name ending in .png")
+    try:  # matplotlib: an optional extra, only for --plot
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
+
+
+def _config_for(config: str | None, names: list[str]) -> bool:
+    """Whether --config also sets deliberate (a TOML file with a [deliberate]
+    table); the rest of it is Entropix's, so one of them must run."""
+    for_deliberate = config is not None and str(config).endswith(".toml") and "deliberate" in read_toml(config)
+    if config is not None and "entropix" not in names and not ("deliberate" in names and for_deliberate):
+        raise ConfigError(
+            "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
+            "which --samplers does not include"
+        )
+    return for_deliberate
+
+
+def _task_list(open_text, tasks, builtin, split, items, limit) -> tuple[list, Path]:
+    """The items (or prompts) to run, and the file they come from."""
+    from entropix_mlx import eval as ev
+
+    if open_text:
+        path = tasks if tasks is not None else ev.builtin_prompts_path()
+        return ev.load_prompts(path)[:limit], path
+    path = ev.builtin_tasks_path() if builtin else tasks
+    task_list = ev.select_split(ev.load_tasks(path), split)
+    task_list = task_list[_item_range(items, len(task_list))][:limit]
+    if not task_list:
+        raise ConfigError(f"{Path(path).name} has no {split} items; try --split all")
+    return task_list, path
+
+
+def _room_to_reason(llm, tokenizer, task_list, max_tokens: int) -> int:
+    """The default chain-of-thought budget, within what a small model's context leaves."""
+    from entropix_mlx.decode.prompt import encode_chat
+
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(True)}]) for t in task_list]
+    return max(1, min(max_tokens, llm.args.max_position_embeddings - max(map(len, prompts))))
+
+
+def _report(results: dict, as_json: bool, open_text: bool, plot: Path | None) -> None:
+    from entropix_mlx import eval as ev
+
     if as_json:
         print(json.dumps(results))
     elif open_text:
