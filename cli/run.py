@@ -226,15 +226,7 @@ def run(
     sampler, overrides, notes = sampling_request(sampler, overrides)  # temperature 0: greedy answers
     if sampler == "deliberate":
         overrides = {"budget": budget}
-        if html is not None:
-            raise ConfigError("--html records one token stream; --sampler deliberate does not support it yet")
-    if raw and system is not None:
-        raise ConfigError("--system needs the chat template; drop --raw or --system")
-    if html is not None and (html.is_dir() or not html.parent.is_dir()):
-        raise ConfigError(
-            f"--html {html}: {'is a directory' if html.is_dir() else 'its folder does not exist'}; "
-            "give a file name in an existing folder"
-        )
+    _check_run_options(sampler, html, raw, system)
     text = read_prompt(prompt)
     llm, tokenizer, source = load_model(
         model, weights, tensor_parallel=True, card=sampler in ("entropix", "deliberate"), cache=not no_cache
@@ -256,14 +248,7 @@ def run(
             f"the prompt has {len(ids)} tokens but the model's context holds {context}; shorten it"
         )
     room = context - len(ids)
-
-    out = render.make_console(no_color=no_color)
-    color = not no_color and out.is_terminal and not out.no_color
-    if not color:
-        out = render.make_console(no_color=True)
-    err = render.make_console(stderr=True, no_color=not color)
-    if not w.root:
-        out = err = render.make_console(no_color=True)  # stdout, which goes nowhere
+    out, err, color = consoles(no_color, w.root)
     for note in notes:
         err.print(f"note: {note}", style=render.META_STYLE)
     if max_tokens > room:  # stop at the end of the context rather than overflow it mid-answer
@@ -286,15 +271,55 @@ def run(
         else:
             render.write_token(out, event.text, event.strategy, color)
 
+    def begin():
+        if not json_lines:
+            err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
+            if color:
+                err.print(render.legend(sampler_strategies(chooser, llm.args.vocab_size)))
+            if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
+                generation.on_row = deliberation_progress(err, tokenizer, color)
+
+    code, summary = stream(generation, begin, show, json_lines, out, cut_by_context=max_tokens > room)
+    if not json_lines:
+        err.print(render.summary_line(summary))
+    if recorder is not None and w.root:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
+    raise typer.Exit(code)
+
+
+def _check_run_options(sampler: str, html: Path | None, raw: bool, system: str | None) -> None:
+    if sampler == "deliberate" and html is not None:
+        raise ConfigError("--html records one token stream; --sampler deliberate does not support it yet")
+    if raw and system is not None:
+        raise ConfigError("--system needs the chat template; drop --raw or --system")
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        raise ConfigError(
+            f"--html {html}: {'is a directory' if html.is_dir() else 'its folder does not exist'}; "
+            "give a file name in an existing folder"
+        )
+
+
+def consoles(no_color: bool, root: bool):
+    """(stdout's console, stderr's, whether tokens are coloured): colours when stdout is
+    a terminal that takes them; ranks other than 0 print to stdout, which goes nowhere."""
+    out = render.make_console(no_color=no_color)
+    color = not no_color and out.is_terminal and not out.no_color
+    if not color:
+        out = render.make_console(no_color=True)
+    err = render.make_console(stderr=True, no_color=not color)
+    if not root:
+        out = err = render.make_console(no_color=True)
+    return out, err, color
+
+
+def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool):
+    """Hand every token of `generation` to `show` (after `begin`); Ctrl-C or SIGTERM
+    stops it with what was generated shown. (exit code, summary)."""
     code, shown = 0, 0
     try:
         try:
-            if not json_lines:
-                err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
-                if color:
-                    err.print(render.legend(sampler_strategies(chooser, llm.args.vocab_size)))
-                if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
-                    generation.on_row = deliberation_progress(err, tokenizer, color)
+            begin()
             for event in generation:
                 with deferred():
                     show(event)
@@ -308,7 +333,7 @@ def run(
                 show(event)
         except ContextOverflowError:  # a branch rollout looked past the end of the context
             generation.finish_reason = "context"
-        if generation.finish_reason == "length" and max_tokens > room:
+        if generation.finish_reason == "length" and cut_by_context:
             generation.finish_reason = "context"
         summary = generation.summary()
         if json_lines:
@@ -319,12 +344,7 @@ def run(
     except BrokenPipeError:
         silence_stdout()
         raise typer.Exit(0) from None
-    if not json_lines:
-        err.print(render.summary_line(summary))
-    if recorder is not None and w.root:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
-    raise typer.Exit(code)
+    return code, summary
 
 
 def register(app: typer.Typer):

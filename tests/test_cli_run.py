@@ -78,7 +78,7 @@ BAD_FLAGS = [
     (["run", "--top-k", "-3", "hi"], "--top-k"),
     (["run", "--seed", "-1", "hi"], "--seed"),
     (["run", "--bogus", "hi"], "--bogus"),
-    (["run"], "prompt"),
+    (["run"], "PROMPT"),
     (["run", "--sampler", "greedy", "--temperature", "0.7", "hi"], "--temperature"),
     (["run", "--raw", "--system", "be brief", "hi"], "--system"),
     (["run", "-m", "no-such-model", "hi"], "no-such-model"),
