@@ -121,23 +121,23 @@ def import_circles(modules: dict[str, Module]) -> list[list[str]]:
     for name in sorted(modules):
         if name not in index:
             connect(name)
+    return sorted(shortest_circle(modules, group) for group in groups)
 
-    circles = []
-    for group in groups:
-        start = min(group)
-        paths = {start: [start]}
-        queue = [start]
-        while queue:
-            name = queue.pop(0)
-            for other in sorted(modules[name].imports & group):
-                if other == start:
-                    circles.append(paths[name] + [start])
-                    queue = []
-                    break
-                if other not in paths:
-                    paths[other] = paths[name] + [other]
-                    queue.append(other)
-    return sorted(circles)
+
+def shortest_circle(modules: dict[str, Module], group: set[str]) -> list[str]:
+    """A shortest circle through the group's first module (breadth-first)."""
+    start = min(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        name = queue.pop(0)
+        for other in sorted(modules[name].imports & group):
+            if other == start:
+                return paths[name] + [start]
+            if other not in paths:
+                paths[other] = paths[name] + [other]
+                queue.append(other)
+    return [start]  # not reached: a strongly connected group has a circle through every member
 
 
 def chain(circle: list[str]) -> str:

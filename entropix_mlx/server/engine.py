@@ -102,40 +102,10 @@ class Engine:
         runner = BatchRunner(self, self.batch_size)
         self._waiting = waiting = deque()
         while True:
-            # Block for work only when nothing is being decoded.
-            if runner.idle and not waiting:
-                try:
-                    waiting.append(self._queue.get(timeout=self.lockstep and self.lockstep.beat))
-                except queue.Empty:  # a launch with nothing to do: the other ranks rest a beat
-                    self._share({"idle": True})
-                    continue
-            while True:
-                try:
-                    waiting.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if any(job is None for job in waiting):  # close()
+            if not self._collect(runner, waiting):  # close()
                 self._share({"stop": True})
                 return
-            added = []
-            while waiting:
-                job = waiting[0]
-                if job.cancelled:  # its client left while it waited
-                    waiting.popleft()
-                    self.cancelled += 1
-                    continue
-                if isinstance(job.sampler, Decoder):
-                    # A decoder that runs its own batches over whole answers: alone, between batches.
-                    if not runner.idle:
-                        break
-                    waiting.popleft()
-                    self._share({"alone": job_recipe(job)})
-                    self.run_alone(job)
-                    continue
-                if not runner.has_room:
-                    break
-                added.append(waiting.popleft())
-                runner.add(added[-1])
+            added = self._admit(runner, waiting)
             self.busy = not runner.idle
             if runner.idle:
                 continue
@@ -153,6 +123,46 @@ class Engine:
             except Exception as e:  # a bug: those requests fail, the server goes on
                 runner.fail(f"internal error: {type(e).__name__}: {e}")
             self.busy = not runner.idle
+
+    def _collect(self, runner, waiting: deque) -> bool:
+        """Move queued jobs to `waiting`, blocking only when nothing is being
+        decoded; False once close() asked to stop."""
+        if runner.idle and not waiting:
+            try:
+                waiting.append(self._queue.get(timeout=self.lockstep and self.lockstep.beat))
+            except queue.Empty:  # a launch with nothing to do: the other ranks rest a beat
+                self._share({"idle": True})
+                return True
+        while True:
+            try:
+                waiting.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return not any(job is None for job in waiting)
+
+    def _admit(self, runner, waiting: deque) -> list:
+        """Waiting jobs into the batch while it has room (a cancelled one is
+        dropped, a whole-answer decoder runs alone between batches); the jobs added."""
+        added = []
+        while waiting:
+            job = waiting[0]
+            if job.cancelled:  # its client left while it waited
+                waiting.popleft()
+                self.cancelled += 1
+                continue
+            if isinstance(job.sampler, Decoder):
+                # A decoder that runs its own batches over whole answers: alone, between batches.
+                if not runner.idle:
+                    break
+                waiting.popleft()
+                self._share({"alone": job_recipe(job)})
+                self.run_alone(job)
+                continue
+            if not runner.has_room:
+                break
+            added.append(waiting.popleft())
+            runner.add(added[-1])
+        return added
 
     def _share(self, message):
         """Rank 0's `message` on every rank (itself in one process)."""
