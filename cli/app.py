@@ -6,6 +6,7 @@ imported only inside `main()`, after `enable()` has put the CPU fast path in pla
 
 import inspect
 import os
+import re
 import sys
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
@@ -99,6 +100,19 @@ def reflowed(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
 
 
+# The library names a setting as it calls it; the CLI names the flag that sets it.
+FLAGS = {"overwrite": "--force", "split": "--split", "builtin": "--builtin"}
+
+
+def with_flags(error: EntropixError) -> str:
+    """The error's message with each setting it names as the CLI's flag for it."""
+    message = str(error)
+    for setting in error.settings:
+        flag = FLAGS.get(setting, "--" + setting.replace("_", "-"))
+        message = re.sub(rf"(?<![\w-]){re.escape(setting)}(?![\w-])", flag, message)
+    return message
+
+
 def fail(message: str, code: int = 2):
     """One line on stderr, no traceback."""
     print(f"error: {message}", file=sys.stderr)
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None):
     except FollowerExit:  # rank 0 prints the error
         raise SystemExit(2) from None
     except EntropixError as e:
-        fail(str(e))
+        fail(with_flags(e))
     except UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `entropix-mlx`: the help, as Click does
             print(e.format_message())

@@ -3,7 +3,13 @@ wrong and what to do; the CLI prints it and exits with code 2."""
 
 
 class EntropixError(Exception):
-    """Base class: a problem with the user's input, not a bug."""
+    """Base class: a problem with the user's input, not a bug. `settings`: the
+    settings the message names (as the library calls them, e.g. max_tokens), so
+    that an interface can name its own way of setting them (the CLI's flags)."""
+
+    def __init__(self, message: str = "", settings: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.settings = tuple(settings)
 
 
 class ModelLoadError(EntropixError):

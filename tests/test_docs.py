@@ -1,6 +1,7 @@
 """Docs that cannot drift from the code: every command and option of `--help`
 is in docs/cli.md, and the README lists every doc."""
 
+import re
 from pathlib import Path
 
 import typer
@@ -49,3 +50,29 @@ def test_help_wraps_to_the_terminal_and_names_arguments_plainly():
         assert "{" not in usage and arguments == arguments.upper(), usage
     # the calibrate summary is one paragraph, wrapped where the terminal is, not where the source was
     assert "(seconds to a minute: 16 short answers in one batch); --tune also chooses" in help_text("calibrate", 200)
+
+
+def test_no_library_module_names_a_cli_flag():
+    """The library names settings; the CLI maps them to its flags (cli/app.py FLAGS)."""
+    register_commands()
+    flags = {
+        o
+        for command in typer.main.get_command(app).commands.values()
+        for param in command.params
+        for o in param.opts
+        if o.startswith("--") and o != "--help"
+    }
+    found = []
+    for path in sorted((ROOT / "entropix_mlx").rglob("*.py")):
+        if path.name == "make_builtin.py":  # a generator script with a command line of its own
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {flag}" for flag in flags if re.search(rf"{flag}(?![\w-])", text)]
+    assert not found, "\n".join(found)
+
+
+def test_the_cli_names_its_flag_where_the_library_names_a_setting():
+    from test_cli_run import invoke
+
+    code, _, err = invoke("eval", "--builtin", "--split", "nope")
+    assert code == 2 and "--split 'nope'" in err

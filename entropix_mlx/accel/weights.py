@@ -32,7 +32,7 @@ fails, plain OpenBLAS runs.
 
 Environment: `ENTROPIX_BLAS` = a library path to load, or `none` to load
 nothing; `ENTROPIX_BLAS_SHIM=off` = plain OpenBLAS for every product;
-`ENTROPIX_WEIGHTS` = the default for `--weights`.
+`ENTROPIX_WEIGHTS` = the default weight format.
 """
 
 import os
@@ -115,7 +115,7 @@ def _real_blas() -> bool:
 
 
 def auto_rule() -> str:
-    """What `--weights auto` picks on this device, and why (for `doctor`)."""
+    """What the `auto` weight format picks on this device, and why (for `doctor`)."""
     if mx.default_device() != mx.cpu:
         return "native: on a GPU quantized matmuls are fast"
     if not _real_blas():

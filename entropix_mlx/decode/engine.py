@@ -227,7 +227,8 @@ def generate_batch(
         if len(r.prompt) + r.max_tokens > context:
             raise ContextOverflowError(
                 f"a prompt of {len(r.prompt)} tokens plus {r.max_tokens} new tokens exceeds the "
-                f"model's context of {context}; lower --max-tokens or shorten the prompt"
+                f"model's context of {context}; lower max_tokens or shorten the prompt",
+                settings=("max_tokens",),
             )
     prefix = list(prefix or [])
     if prefix and any(len(r.prompt) <= len(prefix) or r.prompt[: len(prefix)] != prefix for r in requests):

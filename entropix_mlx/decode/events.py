@@ -1,4 +1,4 @@
-"""What a decoder hands out: `TokenEvent` per token (the record `run --json` and
+"""What a decoder hands out: `TokenEvent` per token (the per-token JSON record the CLI and
 the server write), `Summary` per answer, `TextStream` (token ids to text as they
 come), and `plain` (their values as JSON-safe Python ones)."""
 

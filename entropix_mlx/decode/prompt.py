@@ -43,6 +43,6 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
 
 
 def encode_raw(tokenizer, text: str) -> list[int]:
-    """`--raw`: the text as the model sees it, no template; control tokens written
+    """A raw prompt: the text as the model sees it, no template; control tokens written
     in it are parsed as control tokens (that is what raw asks for)."""
     return list(tokenizer.encode(text))

@@ -87,7 +87,7 @@ class Voter:
 
     def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None):
         # Its answer is known only once all k are in; `eval` is where it is compared.
-        raise ConfigError(f"{self.name} is an eval baseline; use it with eval --samplers, not for one answer")
+        raise ConfigError(f"{self.name} is an eval baseline: it answers task files in eval, not one prompt")
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
         answer_of = answer_of or (lambda index, text: default_answer(text))

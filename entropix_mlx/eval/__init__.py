@@ -1,5 +1,5 @@
 """Measuring: how often each sampler answers a task file correctly (`run_eval`),
-what its free writing looks like (`run_open`, `eval --open`), the metric
+what its free writing looks like (`run_open`, open-text mode), the metric
 distributions a model card's thresholds come from (`calibrate`, `tune`), and
 speed against mlx-lm (`bench`, `profile`).
 

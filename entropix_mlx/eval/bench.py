@@ -5,8 +5,8 @@ Three variants generate the same number of tokens from the same prompt:
 
 - `mlx_lm`: mlx-lm's own `stream_generate` (greedy, its default sampler) on
   mlx-lm's own Llama built from the same weights;
-- `entropix_greedy`: our engine with the greedy sampler as `run --sampler
-  greedy` builds it (what the engine itself costs: attention scores, the
+- `entropix_greedy`: our engine with the greedy sampler as the CLI
+  builds it (what the engine itself costs: attention scores, the
   metrics, the decode loop);
 - `entropix`: our engine with the full Entropix sampler.
 
@@ -38,7 +38,7 @@ here, so the raw process peak would count the others too. Figures are medians
 over repeats.
 
 Both engines run in this process exactly as `run` runs them: the same `generate`
-loop, the same weights (`--weights`), the same BLAS and the same worker threads
+loop, the same weights (the weight format), the same BLAS and the same worker threads
 (the shim's threads serve whichever thread calls them, so nothing depends on the
 caller). `contended=True` runs the whole bench beside a busy neighbour
 (neighbour.py), so the fast path's figure on a shared machine can be watched.
@@ -230,7 +230,7 @@ def load_pair(ref: str | None, weights: str = "auto", group=None):
 
 def make_samplers(tokenizer, model_name: str | None):
     return {
-        "entropix_greedy": lambda: make_sampler("greedy"),  # as `run --sampler greedy` builds it
+        "entropix_greedy": lambda: make_sampler("greedy"),  # as the CLI builds greedy
         "entropix": lambda: make_sampler("entropix", tokenizer=tokenizer, model_name=model_name),
     }
 
@@ -298,8 +298,9 @@ def bench(
     context = ours.args.max_position_embeddings
     if prompt_tokens + gen_tokens > context:
         raise ConfigError(
-            f"--prompt-tokens + --gen-tokens is {prompt_tokens + gen_tokens} but the model's "
-            f"context holds {context}; ask for fewer tokens"
+            f"prompt_tokens + gen_tokens is {prompt_tokens + gen_tokens} but the model's "
+            f"context holds {context}; ask for fewer tokens",
+            settings=("prompt_tokens", "gen_tokens"),
         )
     samplers = make_samplers(tokenizer, model_name)
     prompt = bench_prompt(tokenizer, prompt_tokens)

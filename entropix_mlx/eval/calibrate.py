@@ -322,7 +322,7 @@ def calibrate(
         fields, extra, rules = new_model_fields(found, vocabulary), deliberate_table(found), new_model_rules()
     fields, clipped = clip_to_vocabulary(fields, vocabulary) if vocabulary else (fields, {})
     SamplerConfig().replace(**fields)  # never write a card the sampler would reject
-    # `--out` is rank 0's file; a user card (`identity`) is every rank's own: each rank's
+    # A card written to a given path is rank 0's file; a user card (`identity`) is every rank's own: each rank's
     # sampler reads the card from its machine's cache, and every rank measured the same samples.
     if world().root or identity is not None:
         text = card_text(

@@ -1,4 +1,4 @@
-"""A busy neighbour for `bench --contended`: NumPy matrix products on every core.
+"""A busy neighbour for the contended bench: NumPy matrix products on every core.
 
 One process per core, each looping `a @ a` on a 1000 x 1000 matrix with NumPy's own
 multi-threaded BLAS, so every core has more runnable threads than it can run: what another

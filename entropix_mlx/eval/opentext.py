@@ -1,6 +1,6 @@
-"""Open-text quality (`eval --open`): what each sampler's free writing looks like.
+"""Open-text quality (open-text mode): what each sampler's free writing looks like.
 
-Every sampler writes up to --max-tokens tokens (default 64) for each prompt (one
+Every sampler writes up to max_tokens tokens (default 64) for each prompt (one
 user turn of the chat template; the model may end its turn earlier). Greedy runs
 once, other samplers once per seed, as in the accuracy eval, through the same
 batched, resumable runner. Metrics of one output, on its token ids (the

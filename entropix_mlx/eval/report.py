@@ -62,7 +62,7 @@ def strategy_text(name: str, summary: dict) -> str:
 
 
 def _pyplot():
-    # matplotlib: an optional extra, only for --plot; Agg is chosen before pyplot is imported
+    # matplotlib: an optional extra, only for plots; Agg is chosen before pyplot is imported
     import matplotlib
 
     matplotlib.use("Agg")

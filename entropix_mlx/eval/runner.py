@@ -4,7 +4,7 @@ then a summary.
 Greedy runs once (it is deterministic) and always (it is the baseline); other
 samplers run once per seed. Each item's random key comes from the run seed and
 the item's position (`item_seed`), never from the batch it lands in, so results
-do not depend on --batch-size. DIR/config.json records the model, max tokens,
+do not depend on the batch size. DIR/config.json records the model, max tokens,
 prompt version, split and sampler settings; `store` describes the rest of DIR.
 """
 

@@ -19,7 +19,7 @@ a *text* item. `score` applies to the generated text:
   accepted answer occurs in it as whole words ("The capital of France is Paris."
   answers "Paris").
 
-Chain of thought (`cot=True`, `eval --cot`): the model reasons first and ends
+Chain of thought (`cot=True`): the model reasons first and ends
 with a line "Answer: ...". A number item's answer is the number in the last
 `\\boxed{...}`; else the first number after the last "Answer:" / "answer is"
 mark ("Answer: 18 (after 3 days)" is 18); else the output's last number. There

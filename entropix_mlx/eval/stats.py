@@ -2,7 +2,7 @@
 against greedy, all in exact or closed form (no SciPy).
 
 Accuracy has a 95% Wilson score interval; for stochastic samplers the mean and
-standard deviation over --seeds runs. The paired comparison against greedy works
+standard deviation over the seeds' runs. The paired comparison against greedy works
 per item on any per-item value (share of correct runs, or an open-text metric):
 wins / losses / ties count items where the sampler is better / worse / equal,
 and the p-value is the exact two-sided sign test on wins vs losses (with one seed

@@ -5,7 +5,7 @@ Every (sampler, seed, item) record is appended to DIR/items.jsonl as soon as it
 completes, with the question and a hash of its prompt; DIR/config.json records
 what the results are about (model, max tokens, sampler settings, ...). Rerunning
 the same command after an interruption checks both, skips what is done and
-continues; a larger --limit adds items. DIR/results.json holds the summary.
+continues; more items add to it. DIR/results.json holds the summary.
 """
 
 import hashlib
@@ -22,7 +22,7 @@ from ..errors import ConfigError
 
 def item_seed(run_seed: int, index: int) -> int:
     """The seed of one item's answer: fixed by the run's seed and the item, not by
-    the batch it lands in, so results do not depend on --batch-size."""
+    the batch it lands in, so results do not depend on the batch size."""
     return (run_seed * 1_000_003 + index) % 2**63
 
 
@@ -65,7 +65,7 @@ class ResultStore:
         if self.dir is None:
             return
         if self.dir.exists() and not self.dir.is_dir():
-            raise ConfigError(f"--out {self.dir} is a file; give a directory")
+            raise ConfigError(f"the result directory {self.dir} is a file; give a directory")
         self.dir.mkdir(parents=True, exist_ok=True)
         config_file = self.dir / "config.json"
         if config_file.exists():
@@ -74,7 +74,7 @@ class ResultStore:
             except json.JSONDecodeError:
                 saved = None
             if not isinstance(saved, dict):
-                raise ConfigError(f"{config_file} is not an eval config; use another --out directory")
+                raise ConfigError(f"{config_file} is not an eval config; use another result directory")
             differ = [k.replace("_", " ") for k in identity if k != "samplers" and saved.get(k) != identity[k]]
             differ += [
                 f"settings of sampler '{n}'"
@@ -84,7 +84,7 @@ class ResultStore:
             if differ:
                 raise ConfigError(
                     f"{self.dir} holds results of a different eval ({', '.join(differ)} changed); "
-                    "use another --out directory, or delete it to start over"
+                    "use another result directory, or delete it to start over"
                 )
             identity = {**identity, "samplers": {**saved.get("samplers", {}), **identity["samplers"]}}
         config_file.write_text(json.dumps(identity, indent=2) + "\n")
@@ -109,7 +109,7 @@ class ResultStore:
             if item is not None and (r.get("question") != item.question or r.get("prompt_sha256") != prompt_digest):
                 raise ConfigError(
                     f"{self.dir} holds results for other questions or prompts (item {r['index'] + 1} differs); "
-                    "use another --out directory, or delete it to start over"
+                    "use another result directory, or delete it to start over"
                 )
 
     def add(self, record: dict):
@@ -228,7 +228,7 @@ def run_items_sharded(
     w: World, items, prompts, identity, runs, max_tokens, rows, fields, out_dir, progress, on_record, batch_size
 ) -> ResultStore | None:
     """`run_items` over the ranks of `w`. Rank 0 alone opens the store (the
-    others may run on machines without the --out folder) and tells every rank
+    others may run on machines without the result folder) and tells every rank
     what is done. Each run's remaining items go in chunks of a few batches per
     rank; each rank answers every size-th item of a chunk, and after each chunk
     rank 0 gathers the records and appends them to items.jsonl in item order.

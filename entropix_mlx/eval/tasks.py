@@ -27,7 +27,7 @@ PROMPT_VERSION = 1  # bump when the default prompts change: old results then do 
 NUMBER_PROMPT = "{question}\nAnswer with the number only."
 TEXT_PROMPT = "{question}\nAnswer in a few words."
 CHOICE_PROMPT = "{question}\n{choices}\nAnswer with the letter of the correct choice."
-# Chain of thought (eval --cot): reasoning first, the answer on a last line the scorer reads.
+# Chain of thought (`cot`): reasoning first, the answer on a last line the scorer reads.
 COT_PROMPTS = {
     "number": '{question}\nThink step by step. Then write the final answer on the last line as "Answer: <number>".',
     "text": '{question}\nThink step by step. Then write the final answer on the last line as "Answer: <answer>".',
@@ -132,7 +132,7 @@ def select_split(tasks: list[Task], split: str) -> list[Task]:
     """The items of one split ("dev" or "test"), or all of them ("all"). Items
     keep their index (file position), so results stay keyed the same way."""
     if split not in SPLIT_CHOICES:
-        raise ConfigError(f"--split {split!r}: give dev, test or all")
+        raise ConfigError(f"split {split!r}: give dev, test or all", settings=("split",))
     return list(tasks) if split == "all" else [t for t in tasks if t.split == split]
 
 
@@ -140,7 +140,7 @@ def load_tasks(path) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
-        raise ConfigError(f"task file {path} {what}; give a JSON Lines file, or use --builtin")
+        raise ConfigError(f"task file {path} {what}; give a JSON Lines file, or use builtin", settings=("builtin",))
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:

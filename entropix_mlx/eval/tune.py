@@ -21,7 +21,7 @@ from .tasks import builtin_tasks_path, load_tasks, select_split
 
 # -- tuning on the dev split ------------------------------------------------------------
 #
-# `entropix-mlx calibrate --tune`: after the thresholds, compare a few sampler
+# Calibration's tuning: after the thresholds, compare a few sampler
 # settings on the built-in tasks' dev split (accuracy, 32 tokens per answer, the
 # eval's seeds) and on open text (PROMPTS above, 64 tokens, seeds 0 and 1), choose
 # one by a fixed rule, and record every trial in the card's [tuning] table. The
@@ -266,7 +266,7 @@ def tuning_table(
     chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_items: int, earlier: list[dict] = ()
 ) -> str:
     lines = [
-        "# How [sampler]'s strategy settings were chosen (`entropix-mlx calibrate --tune`): every",
+        "# How [sampler]'s strategy settings were chosen (calibrate's tuning): every",
         "# setting tried, its dev-split accuracy (built-in tasks, 32 tokens, seed 0) against greedy,",
         "# and its open text on the calibration prompts (64 tokens, seeds 0-1). Rule: the best dev",
         "# accuracy among settings with at most half greedy's repeated-4-gram share, no loop of 12+",

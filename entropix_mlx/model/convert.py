@@ -30,7 +30,9 @@ def convert(path: Path, outdir: Path, weights: str = "native", overwrite: bool =
         raise ModelLoadError(f"'{weights}' is not a weight format for convert; use native or float32")
     outdir = Path(outdir)
     if outdir.exists() and any(outdir.iterdir()) and not overwrite:
-        raise ModelLoadError(f"{outdir} exists and is not empty; choose a new folder (or pass --force)")
+        raise ModelLoadError(
+            f"{outdir} exists and is not empty; choose a new folder, or overwrite it", settings=("overwrite",)
+        )
     g = gguf.read_gguf(path, native=weights == "native", hf_layout=True)
     tokenizer = gguf.gguf_tokenizer(g.header.metadata, g.header.path)
     config = dict(g.config)

@@ -205,7 +205,7 @@ def resolve_config(model_name: str | None = None, config=None, **overrides) -> t
         if card is None:
             raise ConfigError(
                 f"model '{model_name}' has no calibrated card; "
-                f"run `entropix-mlx calibrate --model {model_name or 'MODEL'}` first"
+                "measure one first (`entropix-mlx calibrate`, or entropix_mlx.load, which measures it on first use)"
             )
         return layered(card, None, overrides)
     if config is not None and not isinstance(config, SamplerConfig):

@@ -29,7 +29,7 @@ def serve(
     """Start the server and block until it is stopped (Ctrl-C). With `world`
     (a launch of several ranks, the model split across them): rank 0 serves and
     the other ranks follow its batches (lockstep.py) until it stops."""
-    # uvicorn and starlette (app.py) only when serving: `run --html` imports this package too
+    # uvicorn and starlette (app.py) only when serving: the HTML export of one answer imports this package too
     import uvicorn
 
     from .app import MAX_BODY, create_app

@@ -4,7 +4,7 @@ the batch engine.
 Requests arrive at any time: each step admits at most one waiting request per
 group (its prompt, after its prompt-prefix cache entry, rides along in that
 step's forward pass), and after each step hands every row's new tokens to its
-request, with the record `run --json` writes. Every row keeps its own sampler,
+request, with the per-token JSON record. Every row keeps its own sampler,
 key chain and text stream, so a request's answer does not depend on which
 others share its batch.
 

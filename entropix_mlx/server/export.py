@@ -1,4 +1,4 @@
-"""A self-contained HTML file of one answer: `entropix-mlx run --html FILE` and
+"""A self-contained HTML file of one answer: the CLI's HTML export and
 the page's "Export answer" button write the same file (the template is also in
 static/view.js, `exportHtml`): the page's style sheet and view script inline,
 the tokens as JSON data, no network needed to open it."""
@@ -31,7 +31,7 @@ def info_for(model_name: str, sampler) -> dict:
 
 def export_html(data: dict) -> str:
     """`data`: model, sampler, seed, messages ([{role, content}]), tokens
-    (`run --json` records, each with `alternatives`: [{token, logprob}]),
+    (per-token JSON records, each with `alternatives`: [{token, logprob}]),
     summary (a line of text) and info (`info_for`)."""
     css = (STATIC / "style.css").read_text(encoding="utf-8")
     script = (STATIC / "view.js").read_text(encoding="utf-8")

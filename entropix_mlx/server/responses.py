@@ -1,6 +1,6 @@
 """OpenAI response objects, plus the `entropix` token records.
 
-A record is what `run --json` writes for a token (`TokenEvent.to_dict()`: token,
+A record is the per-token JSON record (`TokenEvent.to_dict()`: token,
 text, strategy, the six metrics, the sampling parameters, logprob), made
 JSON-safe: MLX scalars become numbers, NaN and infinities null.
 """
