@@ -17,6 +17,7 @@ once per pass (every layer rotates the same positions), and the rotation, one
 fused kernel on contiguous arrays.
 """
 
+import contextlib
 import functools
 
 import mlx.core as mx
@@ -131,8 +132,23 @@ def _inverse_frequencies(dims: int, base: float) -> mx.array:
     return mx.exp(-mx.arange(dims // 2, dtype=mx.float32) * (2.0 / dims) * log_base)
 
 
+_CPU_PATHS = [True]  # off: MLX's own ops everywhere, as a GPU (a Mac's Metal) runs them
+
+
 def on_cpu(x: mx.array) -> bool:
-    return x.dtype == mx.float32 and mx.default_device() == mx.cpu
+    """Whether the CPU's own kernels (and the model's CPU-only paths) take `x`."""
+    return _CPU_PATHS[0] and x.dtype == mx.float32 and mx.default_device() == mx.cpu
+
+
+@contextlib.contextmanager
+def gpu_paths():
+    """Run the code paths a GPU runs (MLX's fused attention, rope and activations)
+    on this device: the tests check here that they give the CPU paths' tokens."""
+    saved, _CPU_PATHS[0] = _CPU_PATHS[0], False
+    try:
+        yield
+    finally:
+        _CPU_PATHS[0] = saved
 
 
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
