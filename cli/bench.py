@@ -11,8 +11,8 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.model.loading import resolve
 
+from .loaded import quiet_unless_root
 from .options import ModelOpt, WeightsOpt
-from .run import quiet_unless_root
 
 # entropix_mlx.eval and rich.table are imported in the functions that use them: app.py
 # imports every command's module at each start (--help too), and only bench needs them.

@@ -14,8 +14,8 @@ from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import load, model_identity, resolve
 from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
 
+from .loaded import warm_up_compiler
 from .options import ModelOpt, WeightsOpt
-from .run import warm_up_compiler
 from .signals import exit_code
 
 # entropix_mlx.eval is imported when the command runs: app.py imports every command's

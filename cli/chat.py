@@ -23,6 +23,7 @@ from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
 from .deliberation import deliberation_progress
+from .loaded import build_sampler, header, load_model, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -46,7 +47,6 @@ from .options import (
     WeightsOpt,
     check_options,
 )
-from .run import build_sampler, header, load_model, quiet_unless_root, silence_stdout
 from .signals import Terminated, deferred
 
 COMMANDS = {

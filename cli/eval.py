@@ -21,8 +21,8 @@ from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 from entropix_mlx.sampling.settings import read_toml
 
 from .eval_tables import print_open_table, print_table
+from .loaded import load_model
 from .options import ModelOpt, NoCacheOpt, WeightsOpt
-from .run import load_model
 
 # entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
 # them: app.py imports every command's module at each start (--help too), and only eval

@@ -6,33 +6,26 @@ legend and summary go to stderr, so `run ... > answer.txt` keeps just the text.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
-import mlx.core as mx
 import typer
 
-from entropix_mlx.accel import weights as backend
-from entropix_mlx.accel.blas import blas_name, blas_refused
-from entropix_mlx.accel.weights import default_weights, weights_format
+from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
-from entropix_mlx.decode.registry import make_sampler
-from entropix_mlx.distributed import check_same_model, world
+from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.model.loading import load, resolve
-from entropix_mlx.model.sharding import shard
 from entropix_mlx.sampling.parameters import sampling_request
 from entropix_mlx.sampling.penalties import make_penalties
-from entropix_mlx.sampling.strategies import deterministic, sampler_strategies
+from entropix_mlx.sampling.strategies import sampler_strategies
 
 from . import render
-from .cards import ensure_model_card
 from .deliberation import deliberation_progress
+from .loaded import build_sampler, header, load_model, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -58,96 +51,8 @@ from .options import (
 )
 from .signals import deferred, exit_code
 
+
 # Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
-_MODELS: dict[tuple[str, str], tuple] = {}
-_CARDS: set[tuple[str, str]] = set()  # the models whose card was found or measured in this process
-
-
-def load_model(
-    ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True, cache: bool = True
-):
-    """(model, tokenizer, source), loaded once per process. With `tensor_parallel`,
-    under a launcher with several ranks, each rank holds its share of the layers
-    (`model.sharding`) and all of them must have rank 0's model files. With `card`,
-    a model without a card gets one measured now (cli/cards.py), once per process."""
-    w = world() if tensor_parallel else None
-    key = (str(resolve(ref).path), weights) + (("sharded",) if w is not None and w.size > 1 else ())
-    if key not in _MODELS:
-        if len(key) > 2:
-            check_same_model(w, resolve(ref).path)
-        _MODELS[key] = load(ref, return_source=True, weights=weights, cache=cache)
-        if len(key) > 2:
-            shard(_MODELS[key][0], w.group)
-        warm_up_compiler()
-    if card and key not in _CARDS:
-        ensure_model_card(*_MODELS[key])
-        _CARDS.add(key)
-    return _MODELS[key]
-
-
-def quiet_unless_root(w) -> None:
-    """Ranks other than 0 print nothing but errors: stdout goes nowhere (their
-    consoles are made quiet by the caller); the errors go to stderr as ever."""
-    if not w.root:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
-
-
-@mx.compile
-def _fused(x):
-    return x * 2 + 1
-
-
-def warm_up_compiler():
-    """MLX's CPU backend checks for its compiler with C's system("g++ --version")
-    at the first compiled kernel of a process, and system() ignores SIGINT while
-    it runs: a Ctrl-C in that moment, the start of the first prefill, would be
-    lost. One tiny compiled kernel moves that moment into the model load."""
-    mx.eval(_fused(mx.array([1.0])))
-
-
-def build_sampler(name, tokenizer, model_name, config=None, **overrides):
-    """The sampler by name with the parameters it takes (sampling/parameters.py);
-    deliberate takes --budget instead."""
-    budget = overrides.pop("budget", None)
-    name, overrides, _ = sampling_request(name, overrides)
-    if name == "deliberate":
-        overrides = {"budget": budget}
-    return make_sampler(
-        name,
-        tokenizer=tokenizer,
-        model_name=model_name,
-        config=config if name in ("entropix", "deliberate") else None,
-        **overrides,
-    )
-
-
-def compute_path(model) -> str:
-    """How the model runs, in a newcomer's words (`--verbose` adds `describe`'s
-    technical line: device, weight format, BLAS)."""
-    if mx.default_device() != mx.cpu:
-        return "GPU"
-    fmt = weights_format(model)
-    if fmt.startswith("native"):
-        words = f"CPU, the file's {fmt.removeprefix('native ')} weights"
-    elif blas_name() == "MLX's BLAS":
-        words = "CPU, slow path (no OpenBLAS found: see entropix-mlx doctor)"
-    else:
-        words = "fast CPU path"
-    return f"{words} ({blas_refused()})" if blas_refused() else words
-
-
-def header(source, sampler, seed: int, model=None, verbose: bool = False) -> str:
-    path = []
-    if model is not None:
-        path = [compute_path(model)] + ([backend.describe(model)] if verbose else [])
-    parts = [source.name, *path, f"sampler {sampler.name}"]
-    config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
-    if config_source:
-        parts.append(config_source)
-    parts.append("deterministic (the seed changes nothing)" if deterministic(sampler) else f"seed {seed}")
-    return " · ".join(parts)
-
-
 def read_prompt(prompt: str) -> str:
     """The prompt text; '-' reads standard input, which must be UTF-8 text."""
     if prompt == "-":
@@ -181,14 +86,6 @@ def prompt_tokens(tokenizer, prompt: str, system: str | None, raw: bool) -> list
 
 def json_line(record: dict) -> str:
     return json.dumps(plain(record), allow_nan=False) + "\n"
-
-
-def silence_stdout():
-    """After the reader of our stdout went away (`| head -1`): point stdout at
-    /dev/null so the interpreter's final flush cannot raise (Python docs, 'Note
-    on SIGPIPE')."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 def run(

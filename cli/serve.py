@@ -13,8 +13,8 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import run_on_root, world
 from entropix_mlx.errors import ConfigError
 
+from .loaded import load_model, quiet_unless_root
 from .options import ModelOpt, NoCacheOpt, WeightsOpt
-from .run import load_model, quiet_unless_root
 
 
 def _check_port(value: int) -> int:

@@ -179,7 +179,7 @@ def smollm_float32(smollm):
 def tiny_ref(tmp_path, monkeypatch):
     """A model reference that the CLI resolves, in this process, to a tiny random
     model (64-token context)."""
-    from entropix_mlx.cli import run as run_cmd
+    from entropix_mlx.cli import loaded
 
     from entropix_mlx.model.loading import ModelSource
 
@@ -187,7 +187,7 @@ def tiny_ref(tmp_path, monkeypatch):
     path.write_bytes(b"")
     model = make_tiny_model(max_position_embeddings=64)
     monkeypatch.setitem(
-        run_cmd._MODELS,
+        loaded.LOADED,
         (str(path), "auto"),
         (model, make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "tiny")),
     )

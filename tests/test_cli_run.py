@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_tokenizer
 from entropix_mlx.cli import chat as chat_cmd
-from entropix_mlx.cli import models_cmd
+from entropix_mlx.cli import loaded, models_cmd
 from entropix_mlx.cli import run as run_cmd
 from entropix_mlx.cli.app import main
 from typer.testing import CliRunner
@@ -544,9 +544,9 @@ def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch
     import mlx.core as mx
 
     monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
-    monkeypatch.setattr(run_cmd, "blas_name", lambda: "OpenBLAS + thin kernels")
-    monkeypatch.setattr(run_cmd.backend, "blas_name", lambda: "OpenBLAS + thin kernels")
-    model = run_cmd._MODELS[(tiny_ref, "auto")][0]
+    monkeypatch.setattr(loaded, "blas_name", lambda: "OpenBLAS + thin kernels")
+    monkeypatch.setattr(loaded.backend, "blas_name", lambda: "OpenBLAS + thin kernels")
+    model = loaded.LOADED[(tiny_ref, "auto")][0]
     model.set_dtype(mx.float32)
     code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2")
     head = err.splitlines()[0]
@@ -554,7 +554,7 @@ def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch
     assert not any(word in head for word in ("float32", "OpenBLAS", "kernels", "weights"))
     code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2", "--verbose")
     assert code == 0 and "fast CPU path" in err and "float32 weights · OpenBLAS + thin kernels" in err
-    monkeypatch.setattr(run_cmd, "blas_name", lambda: "MLX's BLAS")
+    monkeypatch.setattr(loaded, "blas_name", lambda: "MLX's BLAS")
     assert "no OpenBLAS found" in invoke("run", "-m", tiny_ref, "hi", "--max-tokens", "1")[2]
 
 

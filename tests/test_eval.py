@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.cli import loaded
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
@@ -397,7 +397,7 @@ def tiny_ref(tmp_path, monkeypatch, tiny):
     """A --model reference the CLI resolves to the tiny model."""
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
+    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
     return str(path)
 
 

@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
 from entropix_mlx.cli import eval as eval_cmd
-from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.cli import loaded
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
@@ -297,7 +297,7 @@ def test_prompt_file_lines(tmp_path):
 def tiny_ref(tmp_path, monkeypatch, tiny):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
+    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
     return str(path)
 
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.cli import loaded
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
@@ -264,7 +264,7 @@ def tiny_ref(tmp_path, monkeypatch):
     path.write_bytes(b"")
     model, tokenizer = make_tiny_model(tie_word_embeddings=False), make_tiny_tokenizer()
     source = ModelSource(str(path), path, "gguf", "tiny")
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), (model, tokenizer, source))
+    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (model, tokenizer, source))
     return str(path)
 
 

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import run as run_cmd
+from entropix_mlx.cli import loaded
 from test_cli_run import invoke
 
 from entropix_mlx import files
@@ -146,8 +146,8 @@ def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_d
     path = tmp_path / "mine.gguf"
     path.write_bytes(b"my model")
     model = (make_tiny_model(), make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "mine"))
-    monkeypatch.setitem(run_cmd._MODELS, (str(path), "auto"), model)
-    monkeypatch.setattr(run_cmd, "_CARDS", set())
+    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), model)
+    monkeypatch.setattr(loaded, "CARDS", set())
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0, err
     # it says what it does before measuring, then what it did
@@ -155,7 +155,7 @@ def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_d
     assert before < after and err.count("has no card: measured one") == 1 and "mine-" in err
     today = __import__("datetime").date.today().isoformat()
     assert f"card measured on first use ({today}): mine-" in err  # the header names the card it uses
-    run_cmd._CARDS.clear()  # as a new process would
+    loaded.CARDS.clear()  # as a new process would
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0 and "measuring" not in err and f"card measured on first use ({today}): mine-" in err
     # `models` lists it, with the model it belongs to and where that loads from
