@@ -184,7 +184,7 @@ def default_groups(batch_size: int, model=None) -> int:
     over all rows costs little more than over one."""
     if mx.default_device() != mx.cpu:
         return 1
-    if getattr(model, "head_group", None) is not None:
+    if model is not None and model.head_group is not None:
         # A model split across ranks exchanges data in each forward pass: the
         # ranks must make their exchanges in one order, so one group, one stream.
         return 1

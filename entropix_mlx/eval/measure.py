@@ -37,7 +37,7 @@ def collect(
         raise NotImplementedError("calibration records the default layer choice ('all')")
     # Under a launcher each rank measures every size-th prompt, unless the model is split
     # across the ranks (`model.sharding`): then every rank runs every pass together.
-    w = world() if getattr(model, "head_group", None) is None else World(0, 1, None)
+    w = world() if model.head_group is None else World(0, 1, None)
     requests, prompt_of = [], []
     for i, prompt in enumerate(prompts):
         if i % w.size != w.rank:

@@ -94,6 +94,7 @@ class Transformer(nn.Module):
         self.model = Body(args.vocab_size, args.hidden_size, make_layers, norm)
         self.tied = tied
         self.embed_scale = embed_scale  # Gemma scales the embeddings by sqrt(hidden)
+        self.head_group = None  # the ranks that share out the heads (sharding.shard), or None
         if not tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
@@ -128,7 +129,7 @@ class Transformer(nn.Module):
                 mx.async_eval(h)
             for mine, s in zip(scores, layer_scores, strict=False):
                 mine.append(s)
-        group = getattr(self, "head_group", None)
+        group = self.head_group
         if group is not None:  # tensor-parallel (`sharding`): the metrics need every rank's heads
             scores = [gather_heads(s, group) for s in scores]
         if last_only:
