@@ -48,6 +48,7 @@ def test_a_second_load_reads_the_cache_and_gives_the_same_model(tmp_path, cache_
     assert os.stat(cache_dir).st_mode & 0o077 == 0
     # the second load never reads the file's tensors: it comes from the cache
     monkeypatch.setattr(loading.gguf, "read_gguf", lambda *a, **k: pytest.fail("read the GGUF file again"))
+    monkeypatch.setattr(loading, "read_header", lambda *a, **k: pytest.fail("parsed the GGUF header again"))
     second, tok2 = loading.load(str(path), weights=weights)
     assert same(first, second)
     text = "Hello, world! 12345 <|im_end|>"

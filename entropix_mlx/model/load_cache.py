@@ -67,6 +67,21 @@ def entry_path(path: Path, fmt: str) -> Path:
     return cache_root() / f"{Path(path).stem[:60]}-{key}-{fmt}-{loader_key()}"
 
 
+def float32_bytes(path: Path) -> int | None:
+    """The file's weights' size in float32, as an entry of either format keeps it
+    (so a later start need not parse the file's header to choose the format)."""
+    for fmt in ("float32", "native"):
+        info = entry_path(path, fmt) / "model.json"
+        if info.is_file():
+            try:
+                value = json.loads(info.read_text()).get("float32_bytes")
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(value, int):
+                return value
+    return None
+
+
 def read_entry(entry: Path, build_model):
     """(model, tokenizer) from an entry, or None when it is missing or incomplete."""
     if not all((entry / f).is_file() for f in ENTRY_FILES):
@@ -84,7 +99,7 @@ def read_entry(entry: Path, build_model):
     return model, TokenizerWrapper(hf, detokenizer_class=detokenizer, eos_token_ids=t["eos_token_ids"])
 
 
-def write_entry(entry: Path, model, tokenizer, config: dict, rope_freqs) -> str:
+def write_entry(entry: Path, model, tokenizer, config: dict, rope_freqs, float32_bytes: int | None = None) -> str:
     """Keep what loading produced; "" when written, else why not (nothing is written)."""
     why = private_folder(cache_root())
     if why:
@@ -101,6 +116,7 @@ def write_entry(entry: Path, model, tokenizer, config: dict, rope_freqs) -> str:
             "loader": loader_key(),
             "written": time.strftime("%Y-%m-%d %H:%M:%S"),
             "config": config,
+            "float32_bytes": float32_bytes,  # what `auto` decides by, without reading the file's header
             "rope_freqs": None if rope_freqs is None else rope_freqs.tolist(),
             "tokenizer": {
                 "special": {k: v for k, v in special.items() if v is not None},

@@ -98,11 +98,15 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
-        header = read_header(source.path)
-        fmt = choose_weights(weights, float32_nbytes=4 * sum(math.prod(t.shape) for t in header.tensors))
-        model, tokenizer = (
-            load_gguf_cached(source.path, fmt) if cache else load_gguf(source.path, native=fmt == "native")
-        )
+        # The weights' float32 size decides `auto`: kept with a cache entry, else read from the header.
+        nbytes = load_cache.float32_bytes(source.path) if cache else None
+        if nbytes is None:
+            nbytes = 4 * sum(math.prod(t.shape) for t in read_header(source.path).tensors)
+        fmt = choose_weights(weights, float32_nbytes=nbytes)
+        if cache:
+            model, tokenizer = load_gguf_cached(source.path, fmt, nbytes)
+        else:
+            model, tokenizer = load_gguf(source.path, native=fmt == "native")
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         source = dataclasses.replace(source, path=path)  # a hub model: its snapshot, which names the revision
@@ -173,7 +177,7 @@ def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True
     return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
 
 
-def load_gguf_cached(path: Path, fmt: str):
+def load_gguf_cached(path: Path, fmt: str, float32_bytes: int):
     """`load_gguf` in format `fmt`, through the load cache: read from it when it
     holds this file, else loaded and kept there for next time."""
     entry = load_cache.entry_path(path, fmt)
@@ -185,7 +189,7 @@ def load_gguf_cached(path: Path, fmt: str):
     model = build_model(g.config, g.weights, rope_freqs=g.rope_freqs)
     if fmt == "float32":
         to_float32(model)
-    load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs)
+    load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs, float32_bytes)
     return model, tokenizer
 
 
