@@ -22,7 +22,8 @@ RUN = ["run", "--sampler", "greedy", "--max-tokens", "1", "Hi"]
 MLX_LM = """
 import sys, mlx_lm
 model, tokenizer = mlx_lm.load(sys.argv[1])
-prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+messages = [{"role": "user", "content": "Hi"}]
+prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True) if tokenizer.chat_template else "Hi"
 mlx_lm.generate(model, tokenizer, prompt, max_tokens=1)
 """
 
