@@ -36,3 +36,26 @@ def test_rollout_tokens_carry_their_own_steps_metrics(tiny_tokenizer, decide):
         start = events[i - events[i].metrics["rollout_step"]]
         differs += abs(events[i].metrics["entropy"] - start.metrics["entropy"]) > 1e-3
     assert differs  # not the branch start's values copied along
+
+
+def test_the_batch_engine_keeps_each_rollout_tokens_metrics(tiny_tokenizer):
+    """The server's and eval's records come from the batch engine's rows."""
+    from entropix_mlx.decode.engine import generate_batch
+    from entropix_mlx.decode.rows import Request
+
+    model = make_tiny_model(0, tie_word_embeddings=False)
+    config = SamplerConfig(**ALWAYS_BRANCH)
+    prompts = [list(tiny_tokenizer.encode(t)) for t in ("a question", "another one")]
+    requests = [Request(p, seed=i, max_tokens=10) for i, p in enumerate(prompts)]
+    rows = generate_batch(model, tiny_tokenizer, requests, lambda: EntropixSampler(config, tiny_tokenizer), 2)
+    for index, result, _ in rows:
+        alone = [
+            e.metrics
+            for e in generate(
+                model, tiny_tokenizer, prompts[index], EntropixSampler(config, tiny_tokenizer), 10, seed=index
+            )
+        ]
+        assert any(m.get("rollout_step") for m in result.metrics)
+        assert [m.get("rollout_step") for m in result.metrics] == [m.get("rollout_step") for m in alone]
+        for got, want in zip(result.metrics, alone, strict=True):
+            assert got["entropy"] == pytest.approx(want["entropy"], abs=1e-3)
