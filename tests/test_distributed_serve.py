@@ -46,8 +46,12 @@ def server(log: Path, ranks: int, model: Path):
     if ranks > 1:
         command = [*LAUNCH, "-n", str(ranks), "--starting-port", str(free_port()), "--", *command]
     with open(log, "w") as out:
+        # stdin open and silent, as a terminal's: at end of file (CI's /dev/null) mlx.launch's
+        # loop passes an empty read to every rank ten times a second, and a Ctrl-C that lands
+        # inside that queue's lock leaves the launcher waiting on it for good (docs/distributed.md).
         proc = subprocess.Popen(
             command,
+            stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -70,6 +74,7 @@ def server(log: Path, ranks: int, model: Path):
         except ProcessLookupError:
             pass
         proc.wait()
+        proc.stdin.close()
 
 
 def group_members(pgid: int):
