@@ -86,7 +86,9 @@ def records(out: Path) -> dict:
 
 def without_timing(results):
     if isinstance(results, dict):
-        return {k: without_timing(v) for k, v in results.items() if k != "tokens_per_second"}
+        return {
+            k: without_timing(v) for k, v in results.items() if k not in ("tokens_per_second", "seconds_per_answer")
+        }
     if isinstance(results, list):
         return [without_timing(v) for v in results]
     return results

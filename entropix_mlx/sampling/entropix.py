@@ -328,7 +328,9 @@ class EntropixSampler(TwoPhaseSampler):
             params = params_of("branch")
             if step.model is not None and step.cache is not None and len(cands) > 1:
                 out, lps, advanced, later = branch(self, step, cands)
-                token_metrics = [metrics] + [{**m, "rollout_step": j} for j, m in enumerate(later, 1)]
+                # The rollout computes no attention scores: those metrics are unknown (None) there.
+                unknown = dict.fromkeys(ATTENTION_METRICS)
+                token_metrics = [metrics] + [{**m, **unknown, "rollout_step": j} for j, m in enumerate(later, 1)]
             else:
                 out, lps = [cands[0][0]], [cands[0][1]]
         elif strategy == "resample":
