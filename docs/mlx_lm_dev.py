@@ -1,8 +1,9 @@
-"""What Entropix loses inside mlx-lm (README, "Entropix inside mlx-lm"): the
-bundled model's card on the built-in dev split, as it runs here (attention
-scores, branch rollouts on the model) and as `entropix_mlx.mlx_lm_sampler` runs
-inside mlx-lm (logits only: no attention scores, no model to roll branches out
-on, a thinking text fed one token per step), on the same batch engine.
+"""What Entropix loses inside mlx-lm (docs/python-api.md): the bundled model's
+card on the built-in dev split, as it runs here (attention scores, branch
+rollouts on the model), without the attention scores alone, and as
+`entropix_mlx.mlx_lm_sampler` runs inside mlx-lm (logits only: no attention
+scores, no model to roll branches out on, a thinking text fed one token per
+step), on the same batch engine.
 
     python docs/mlx_lm_dev.py [--split dev] [--out DIR]
 """
@@ -20,18 +21,19 @@ from entropix_mlx.sampling.samplers import Step
 
 
 class LogitsOnly:
-    """An Entropix sampler that sees what mlx-lm gives a sampler: the logits."""
+    """An Entropix sampler that sees what mlx-lm gives a sampler: the logits (with
+    `rollouts`, also the model and its cache, but still no attention scores)."""
 
-    name = "entropix_logits_only"
-
-    def __init__(self, sampler):
-        self.sampler, self.config = sampler, sampler.config
+    def __init__(self, sampler, rollouts: bool = False):
+        self.sampler, self.config, self.rollouts = sampler, sampler.config, rollouts
+        self.name = "entropix_no_attention" if rollouts else "entropix_logits_only"
 
     def reset(self):
         self.sampler.reset()
 
     def choose(self, step, key):
-        return self.sampler.choose(Step(step.logits, [], step.tokens, None, None, step.penalties), key)
+        model, cache = (step.model, step.cache) if self.rollouts else (None, None)
+        return self.sampler.choose(Step(step.logits, [], step.tokens, model, cache, step.penalties), key)
 
 
 def main():
@@ -43,12 +45,14 @@ def main():
     tasks = ev.select_split(ev.load_tasks(ev.builtin_tasks_path()), args.split)
 
     def factory(name):
-        if name == "entropix_logits_only":
-            return LogitsOnly(make_sampler("entropix", model=model))
+        if name in ("entropix_logits_only", "entropix_no_attention"):
+            return LogitsOnly(make_sampler("entropix", model=model), rollouts=name == "entropix_no_attention")
         return make_sampler(name, model=model, **({"metrics": False} if name == "greedy" else {}))
 
     config = ev.EvalConfig(
-        samplers=["greedy", "entropix", "entropix_logits_only"], model_name="smollm2-135m", split=args.split
+        samplers=["greedy", "entropix", "entropix_no_attention", "entropix_logits_only"],
+        model_name="smollm2-135m",
+        split=args.split,
     )
     results = ev.run_eval(model, tokenizer, tasks, config, args.out, factory)
     print(ev.markdown_table(ev.table_rows(results, strategies=True)))
