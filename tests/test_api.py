@@ -114,7 +114,7 @@ def readme_python() -> str:
 
 
 def test_the_readme_python_is_at_most_five_lines():
-    lines = [line for line in readme_python().splitlines() if line.strip()]
+    lines = readme_python().strip().splitlines()
     assert 1 < len(lines) <= 5 and any("import" in line for line in lines)
 
 
