@@ -267,7 +267,12 @@ def test_entropix_branches_on_every_family(family):
     assert len(events) == 7, name
     if not ours.tied:  # (a random model with tied embeddings is sure of its next token)
         assert all(e.strategy == "branch" for e in events), name
-    assert all(np.isfinite(e.metrics[m]) for e in events for m in e.metrics), name
+    for e in events:  # a rollout's later tokens have no attention scores: those metrics are None
+        for m, v in e.metrics.items():
+            if v is None:
+                assert e.metrics.get("rollout_step") and m not in ("entropy", "varentropy"), (name, m)
+            else:
+                assert np.isfinite(v), (name, m)
     replay = path_logprobs(ours, PROMPT, [e.token for e in events])
     np.testing.assert_allclose([e.logprob for e in events], replay, atol=1e-4)
 
