@@ -36,7 +36,7 @@ from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Deliberation, candidate_from, default_answer, select
-from .engine import by_request, generate_batch
+from .engine import by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
 
@@ -64,17 +64,15 @@ def deliberate_batch(
     answer_of = answer_of or (lambda index, text: default_answer(text))
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
-    rows = generate_batch(
+    rows = forking_batch(
         model,
         tokenizer,
         requests,
         lambda: recording(BranchSampler(config), alternatives),
+        lambda: recording(BranchSampler(config, spawns=False), alternatives),
         batch_size,
-        prefix=prefix,
-        share_prefix=bool(prefix),
-        groups=1,
-        branch_sampler=lambda: recording(BranchSampler(config, spawns=False), alternatives),
-        prefix_cache=prefix_cache,
+        prefix,
+        prefix_cache,
     )
     for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
         candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]

@@ -263,6 +263,28 @@ def generate_batch(
             last = now
 
 
+def forking_batch(
+    model, tokenizer, requests, make_root, make_branch, batch_size: int, prefix: list[int], prefix_cache=None
+) -> Iterator[tuple[int, RowResult, float]]:
+    """`generate_batch` for rows that spawn rows (`Choice.spawn`: deliberate's
+    branches, a vote's samples): one group, so a spawned row shares its parent's
+    batch, and the prefix stored once, so it copies only its parent's own
+    positions. `make_root` makes each request's sampler, `make_branch` each
+    spawned row's."""
+    return generate_batch(
+        model,
+        tokenizer,
+        requests,
+        make_root,
+        batch_size,
+        prefix=prefix,
+        share_prefix=bool(prefix),
+        groups=1,
+        branch_sampler=make_branch,
+        prefix_cache=prefix_cache,
+    )
+
+
 def by_request(rows: Iterator[tuple[int, RowResult, float]]) -> Iterator[tuple[int, list[RowResult], float]]:
     """`generate_batch`'s rows gathered per request once its root row and every
     row spawned from it (`Choice.spawn`; the root's metrics count them as

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.selection import default_answer
 from ..sampling.voting import SampleSpawner, VoteConfig, vote
-from .engine import by_request, generate_batch
+from .engine import by_request, forking_batch
 from .rows import Request, RowResult
 
 
@@ -45,16 +45,14 @@ def vote_rows(
     sample's RowResult with `extra` for the record, seconds). About
     `batch_size` rows decode at once: batch_size // k questions in flight."""
     in_flight = max(1, batch_size // config.k)
-    rows = generate_batch(
+    rows = forking_batch(
         model,
         tokenizer,
         requests,
         lambda: recording(SampleSpawner(config), KEPT_ALTERNATIVES),
+        lambda: recording(SampleSpawner(config, spawns=False), KEPT_ALTERNATIVES),
         in_flight,
-        prefix=prefix,
-        share_prefix=bool(prefix),
-        groups=1,
-        branch_sampler=lambda: recording(SampleSpawner(config, spawns=False), KEPT_ALTERNATIVES),
+        prefix,
     )
     for index, results, seconds in by_request(rows):
         texts = [tokenizer.decode(r.tokens) for r in results]
