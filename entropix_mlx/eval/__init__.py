@@ -42,7 +42,7 @@ from .scoring import (
 )
 from .stats import Z95, holm, paired_comparison, paired_difference, sign_test, wilson_interval
 from .store import ResultStore, common_prefix, item_seed, run_items, sampler_settings
-from .summary import split_label, summarize_rows, vote_ks, with_budget
+from .summary import split_label, summarize_rows, with_budget
 from .tasks import (
     CHOICE_PROMPT,
     COT_PROMPTS,

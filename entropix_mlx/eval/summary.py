@@ -49,10 +49,13 @@ def rescored(record: dict, task, cot: bool) -> dict:
     return {**record, "extracted": extracted, "correct": correct}
 
 
-def vote_records(record: dict, task, cot: bool, ks: list[int], config: dict) -> dict[str, dict]:
+def vote_records(record: dict, task, cot: bool, ks, config: dict) -> dict[str, dict]:
     """{row name: record} of one vote record's first k' samples, for each k'
     in `ks` and each vote rule."""
-    samples = [{**s, "answer": score(s["text"], task, cot=cot)[0]} for s in record["samples"]]
+    samples = []
+    for s in record["samples"]:  # each sample scored once, with this code's extractor
+        answer, correct = score(s["text"], task, cot=cot)
+        samples.append({**s, "answer": answer, "correct": correct})
     out = {}
     for k in ks:
         first = samples[:k]
@@ -70,7 +73,7 @@ def vote_records(record: dict, task, cot: bool, ks: list[int], config: dict) -> 
                 **record,
                 "output": w["text"],
                 "extracted": w["answer"],
-                "correct": score(w["text"], task, cot=cot)[1],
+                "correct": w["correct"],
                 "tokens": w["tokens"],
                 "tokens_spent": spent,
                 "finish_reason": w["finish_reason"],
@@ -79,10 +82,6 @@ def vote_records(record: dict, task, cot: bool, ks: list[int], config: dict) -> 
                 "strategies": {"sample": w["tokens"]},
             }
     return out
-
-
-def vote_ks(k: int) -> list[int]:
-    return sorted({2**i for i in range(k.bit_length()) if 2**i <= k} | {k})
 
 
 def row_table(records: dict, tasks: list, config, settings: dict) -> dict[str, list[tuple[int, list[dict]]]]:
@@ -96,7 +95,7 @@ def row_table(records: dict, tasks: list, config, settings: dict) -> dict[str, l
             continue
         k = min(len(r["samples"]) for r in recs)
         expanded = [
-            vote_records(r, t, config.cot, vote_ks(k) + list(range(1, k + 1)), settings.get(name, {}))
+            vote_records(r, t, config.cot, range(1, k + 1), settings.get(name, {}))
             for r, t in zip(recs, tasks, strict=True)
         ]
         for row in expanded[0]:
