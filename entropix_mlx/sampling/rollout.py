@@ -82,8 +82,8 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
             ended = [e or t in eos for e, t in zip(ended, chosen, strict=False)]
             for row, t in zip(said, chosen, strict=False):
                 row.append(t)
-    best, paths, lps, path = _rank_rows(sampler, path, path_lps, margins, step.tokens)
-    later = [{"entropy": h, "varentropy": v} for h, v in _row_spread(spread, best)]
+    best, paths, lps, path, spreads = _rank_rows(sampler, path, path_lps, margins, step.tokens, spread)
+    later = [{"entropy": h, "varentropy": v} for h, v in spreads[best]]
     # The rollout continued greedily, unscored: accept it only up to its first token
     # with repetition units (at least its first token), so a looping continuation is
     # never handed out whole; the next step decides there, with the score.
@@ -102,25 +102,18 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     return paths[best][:keep], lps[best][:keep], (step.cache, logits[:, -1:, :], scores), later[: keep - 1]
 
 
-def _row_spread(spread: list, row: int) -> list[tuple[float, float]]:
-    """(entropy, varentropy) per rollout position of one row (rows narrowed to
-    one after the decision keep it at index 0)."""
-    if not spread:
-        return []
-    rows = [s[row if s.shape[0] > row else 0] for s in spread]
-    return [tuple(v) for v in mx.stack(rows).tolist()]
-
-
-def _rank_rows(sampler, path: list, path_lps: list, margins: list, history: list[int]):
+def _rank_rows(sampler, path: list, path_lps: list, margins: list, history: list[int], spread: list = ()):
     """The rollout so far (per position, one (rows,) array each) stacked to
-    (rows, positions) and evaluated: (the row `best_path` accepts, the paths,
-    their log-probabilities, the paths as one array)."""
+    (rows, positions) and evaluated in one host sync: (the row `best_path`
+    accepts, the paths, their log-probabilities, the paths as one array, and
+    each row's (entropy, varentropy) per position after the first)."""
     rows = path[0].shape[0]
     path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)
     margins = mx.stack(margins, axis=1) if margins else mx.zeros((rows, 0))
-    mx.eval(path, path_lps, margins)
+    spread = mx.stack(spread, axis=1) if spread else mx.zeros((rows, 0, 2))
+    mx.eval(path, path_lps, margins, spread)
     paths, lps = path.tolist(), path_lps.tolist()
-    return best_path(sampler, paths, lps, margins.tolist(), history), paths, lps, path
+    return best_path(sampler, paths, lps, margins.tolist(), history), paths, lps, path, spread.tolist()
 
 
 def _rows_bias(sampler, histories: list[list[int]], vocab: int) -> mx.array:
