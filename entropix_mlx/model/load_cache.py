@@ -62,16 +62,17 @@ def loader_key() -> str:
     return h.hexdigest()[:8]
 
 
-def entry_path(path: Path, fmt: str) -> Path:
-    key = model_files_identity(path)[:16]
-    return cache_root() / f"{Path(path).stem[:60]}-{key}-{fmt}-{loader_key()}"
+def entry_paths(path: Path) -> dict[str, Path]:
+    """The entry of each weight format for this file (its identity read once for both)."""
+    base = f"{Path(path).stem[:60]}-{model_files_identity(path)[:16]}"
+    return {fmt: cache_root() / f"{base}-{fmt}-{loader_key()}" for fmt in ("float32", "native")}
 
 
-def float32_bytes(path: Path) -> int | None:
+def float32_bytes(entries: dict[str, Path]) -> int | None:
     """The file's weights' size in float32, as an entry of either format keeps it
     (so a later start need not parse the file's header to choose the format)."""
-    for fmt in ("float32", "native"):
-        info = entry_path(path, fmt) / "model.json"
+    for entry in entries.values():
+        info = entry / "model.json"
         if info.is_file():
             try:
                 value = json.loads(info.read_text()).get("float32_bytes")

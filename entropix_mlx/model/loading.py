@@ -99,14 +99,15 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
         # The weights' float32 size decides `auto`: kept with a cache entry, else read from the header.
-        nbytes = load_cache.float32_bytes(source.path) if cache else None
+        entries = load_cache.entry_paths(source.path) if cache else None
+        nbytes = load_cache.float32_bytes(entries) if cache else None
         if nbytes is None:
             nbytes = 4 * sum(math.prod(t.shape) for t in read_header(source.path).tensors)
         fmt = choose_weights(weights, float32_nbytes=nbytes)
-        if cache:
-            model, tokenizer = load_gguf_cached(source.path, fmt, nbytes)
-        else:
-            model, tokenizer = load_gguf(source.path, native=fmt == "native")
+        if cache:  # in the chosen format already, as the cache keeps it
+            model, tokenizer = load_gguf_cached(source.path, fmt, entries[fmt], nbytes)
+            return (model, tokenizer, source) if return_source else (model, tokenizer)
+        model, tokenizer = load_gguf(source.path, native=fmt == "native")
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         source = dataclasses.replace(source, path=path)  # a hub model: its snapshot, which names the revision
@@ -177,10 +178,9 @@ def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True
     return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
 
 
-def load_gguf_cached(path: Path, fmt: str, float32_bytes: int):
-    """`load_gguf` in format `fmt`, through the load cache: read from it when it
-    holds this file, else loaded and kept there for next time."""
-    entry = load_cache.entry_path(path, fmt)
+def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int):
+    """`load_gguf` in format `fmt`, through the load cache: read from `entry`
+    when it holds this file, else loaded and kept there for next time."""
     loaded = load_cache.read_entry(entry, build_model)
     if loaded is not None:
         return loaded
