@@ -205,3 +205,18 @@ def test_budgets_pair_items_across_limits(model, tiny_tokenizer, tmp_path):
 def test_holm_adjustment():
     assert ev.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
     assert ev.holm({"a": 0.5, "b": 0.9}) == {"a": 1.0, "b": 1.0}
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 12.0])  # flat (the full sort's path) to peaked
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_nucleus_keeps_what_mlx_lms_top_p_keeps(spread, top_p):
+    import mlx.core as mx
+    from mlx_lm.sample_utils import apply_top_p
+
+    from entropix_mlx.sampling.samplers import nucleus
+
+    logits = mx.random.normal((1, 50_000), key=mx.random.key(7)) * spread
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    kept, expected = nucleus(logprobs, top_p) > -mx.inf, apply_top_p(logprobs, top_p) > -mx.inf
+    assert mx.array_equal(kept, expected).item()
+    assert 0 < kept.sum().item() < 50_000

@@ -134,11 +134,33 @@ def filtered_logprobs(
     if 0 < top_k < logprobs.shape[-1]:
         logprobs = apply_top_k(logprobs, top_k)
     if 0 < top_p < 1.0:
-        logprobs = apply_top_p(logprobs, top_p)
+        logprobs = nucleus(logprobs, top_p)
     if min_p > 0.0:
         logprobs = apply_min_p(logprobs, min_p)
     scaled = logprobs[0] / temperature
     return scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+
+
+# A nucleus almost always lies among the few hundred likeliest tokens, and a full
+# sort of a 150k-token vocabulary is most of a sampled step on a CPU.
+NUCLEUS_HEAD = 1024
+
+
+def nucleus(logprobs: mx.array, top_p: float) -> mx.array:
+    """mlx-lm's `apply_top_p` for one row (1, vocab), sorting only the
+    NUCLEUS_HEAD likeliest tokens when they hold the top_p mass (then the cut
+    falls among them and the result is the same); otherwise the full sort."""
+    if logprobs.shape[-1] <= 4 * NUCLEUS_HEAD:
+        return apply_top_p(logprobs, top_p)
+    head = mx.sort(mx.topk(logprobs, NUCLEUS_HEAD, axis=-1), axis=-1)
+    probs = mx.exp(head)
+    wanted = top_p * mx.exp(mx.logsumexp(logprobs, axis=-1, keepdims=True))
+    if (probs.sum() < wanted).item():
+        return apply_top_p(logprobs, top_p)
+    mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+    dropped = (mass_above >= wanted).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(head, dropped, axis=-1)
+    return mx.where(logprobs < threshold, -mx.inf, logprobs)
 
 
 # What `sanitize_logits` found, by code (evaluated with the step's one host sync).
