@@ -15,7 +15,14 @@ from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling.branching import BranchSampler
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
 from entropix_mlx.sampling.samplers import GreedySampler
-from entropix_mlx.sampling.selection import Candidate, answer_scores, answer_token_span, default_answer, select
+from entropix_mlx.sampling.selection import (
+    Candidate,
+    answer_scores,
+    answer_token_span,
+    default_answer,
+    lowest_group,
+    select,
+)
 
 TEXTS = ["What is 7 + 5?", "hi", "a somewhat longer question about nothing in particular"]
 WIDE = dict(max_branches=50, budget=100.0)  # no cap: only the thresholds decide
@@ -304,3 +311,49 @@ def test_one_token_answers_still_compare_every_first_token(model, tiny_tokenizer
     assert [len(c.tokens) for c in d.candidates] == [1, 1, 1, 1]
     assert [c.split for c in d.candidates] == [None, 0, 0, 0] and d.tokens_spent == 4
     assert all(c.finish_reason == "length" for c in d.candidates)
+
+
+def test_early_stop_ends_the_other_rows_once_the_vote_is_decided(model, tiny_tokenizer):
+    # "2+2" on this tiny model: two candidates end (eos) at tokens 0 and 10, the others run to 30
+    prompt = prompt_of(tiny_tokenizer, "2+2")
+    cfg = DeliberateConfig(
+        first_alternatives=5, max_branch_points=0, max_branches=50, budget=100.0, selector="vote", clean_first="off"
+    )
+    full = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=30, answer_of=lambda text: "same")
+    assert sorted(len(c.tokens) for c in full.candidates) == [0, 10, 30, 30, 30, 30]
+    stopped = deliberate(
+        model, tiny_tokenizer, prompt, cfg.replace(stop_share=0.6), max_tokens=30, answer_of=lambda text: "same"
+    )
+    ends = [c.finish_reason for c in stopped.candidates]
+    assert ends.count("stopped") == 4 and ends.count("eos") == 2
+    assert all(len(c.tokens) == 11 for c in stopped.candidates if c.finish_reason == "stopped")  # one step after
+    assert stopped.tokens_spent == 10 + 4 * 11 < full.tokens_spent == 10 + 4 * 30
+    assert stopped.winner.finish_reason == "eos"  # a stopped row never competes
+    # two different answers never hold 0.6 of two votes: nothing stops
+    split = deliberate(
+        model, tiny_tokenizer, prompt, cfg.replace(stop_share=0.6), max_tokens=30, answer_of=lambda text: text
+    )
+    assert [c.tokens for c in split.candidates] == [c.tokens for c in full.candidates]
+
+
+def test_confidence_votes_weigh_each_candidate_by_its_probability():
+    sure, unsure, unsure2 = cand("7", logprob=-0.1), cand("8", logprob=-0.5), cand("8", logprob=-0.5)
+    # majority says 8; CISC's weights exp(c / 0.1) say 7 (e^-1 > 2 e^-5)
+    assert select([sure, unsure, unsure2], "vote")[0] == 1
+    assert select([sure, unsure, unsure2], "confidence_vote")[0] == 0
+    assert answer_scores([sure, unsure], "confidence_vote", temperature=1.0) == pytest.approx(
+        {"7": math.exp(-0.1), "8": math.exp(-0.5)}
+    )
+    # DeepConf's lowest group: one bad stretch sinks a chain whose mean is fine
+    steady = cand("7", logprob=-0.3)
+    steady.logprobs = [-0.3] * 8
+    dip = cand("8", logprob=-0.2)
+    dip.logprobs = [0.0] * 6 + [-0.8, -0.8]
+    assert lowest_group(dip.logprobs, 2) == -0.8 and lowest_group(steady.logprobs, 2) == pytest.approx(-0.3)
+    assert select([steady, dip], "lowest_group_vote", window=2)[0] == 0
+    assert select([steady, dip], "confidence_vote")[0] == 1
+
+
+def test_stopping_early_needs_a_vote():
+    with pytest.raises(ConfigError, match="'stop_share'.*vote selector"):
+        DeliberateConfig(selector="margin", stop_share=0.6)

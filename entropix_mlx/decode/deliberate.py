@@ -35,7 +35,7 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.samplers import GREEDY_PARAMS
-from ..sampling.selection import Deliberation, candidate_from, default_answer, select
+from ..sampling.selection import Deliberation, answer_scores, candidate_from, default_answer, select
 from .engine import by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
@@ -62,6 +62,7 @@ def deliberate_batch(
     `prefix_cache`, the prefix already run (see `generate_batch`);
     `alternatives`: the most likely tokens each row records per step (eval's records)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
+    stop_when = early_stop(config, tokenizer, answer_of) if config.stop_share > 0 else None
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
     rows = forking_batch(
@@ -73,11 +74,36 @@ def deliberate_batch(
         batch_size,
         prefix,
         prefix_cache,
+        stop_when,
     )
     for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
         candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
-        chosen, reason, scores = select(candidates, config.selector, config.margin, config.clean_first)
+        chosen, reason, scores = select(
+            candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
+        )
         yield index, Deliberation(candidates, chosen, reason, scores), seconds
+
+
+def early_stop(config: DeliberateConfig, tokenizer, answer_of) -> Callable[[int, RowResult], bool]:
+    """`stop_when` for the batch engine: True once a request's candidates that
+    ended cleanly (two or more) give one answer stop_share of their vote."""
+    ended: dict[int, list] = {}
+
+    def stop_when(index: int, result: RowResult) -> bool:
+        c = candidate_from(result, tokenizer, lambda text: answer_of(index, text))
+        if c.answer is None or c.flaw(config.clean_first) is not None:
+            return False
+        ended.setdefault(index, []).append(c)
+        return vote_decided(ended[index], config)
+
+    return stop_when
+
+
+def vote_decided(ended: list, config: DeliberateConfig) -> bool:
+    if len(ended) < 2:
+        return False
+    votes = answer_scores(ended, config.selector, config.vote_temperature, config.group_tokens)
+    return max(votes.values()) >= config.stop_share * sum(votes.values())
 
 
 def _watched(rows, on_row):

@@ -126,6 +126,7 @@ class BatchEngine:
         self.numbers = itertools.count()  # row numbers, shared by all groups
         self.groups = [Group(self, size, stream) for size, stream in zip(sizes, _streams(n), strict=True)]
         self.waiting: deque[_Waiting] = deque()
+        self.stopped: set[int] = set()  # requests whose running rows were stopped (`stop`)
 
     def add(self, index: int, request: Request, sampler: Sampler | None = None, prefix_cache=None, prefix_len=None):
         """Queue `request` under `index` (how its rows are reported). `prefix_cache`:
@@ -147,12 +148,24 @@ class BatchEngine:
                 row.request.max_tokens = len(row.result.tokens) + 1
         return False
 
+    def stop(self, index: int) -> None:
+        """End every running row of request `index` at its next decision, with
+        finish_reason "stopped" (its answer is already decided: `deliberate`'s
+        early stop)."""
+        self.stopped.add(index)
+        for row in self.rows:
+            if row.index == index:  # its next decision adds no token
+                row.request.max_tokens = len(row.result.tokens)
+
     def step(self) -> list[Row]:
         """One step of every group that has rows or can admit; the rows that finished."""
         done = []
         for group in self.groups:
             if group.rows or (self.waiting and group.taken < group.size):
                 done += group.step()
+        for row in done:
+            if row.index in self.stopped and row.result.finish_reason == "length":
+                row.result.finish_reason = "stopped"
         return done
 
     def admit(self, free: int) -> list[Row]:
@@ -204,6 +217,7 @@ def generate_batch(
     share_prefix: bool = False,
     branch_sampler: Callable[[], Sampler] | None = None,
     prefix_cache=None,
+    stop_when: Callable[[int, RowResult], bool] | None = None,
 ) -> Iterator[tuple[int, RowResult, float]]:
     """Answer every request; yields `(request index, result, seconds)` as rows
     finish (not in request order). `seconds` is the wall time since the previous
@@ -217,7 +231,9 @@ def generate_batch(
     `share_prefix`: the batch stores the prefix once, not per row (for rows
     that fork, see `Choice.spawn`). `branch_sampler`: makes the sampler of
     each spawned row (default: `make_sampler`). `prefix_cache`: the prefix
-    already run through the model (e.g. a chat's cache): read, never written."""
+    already run through the model (e.g. a chat's cache): read, never written.
+    `stop_when(index, result)`, asked of each finished row: True stops the
+    request's other rows (`BatchEngine.stop`)."""
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1, got {batch_size}")
     context = model.args.max_position_embeddings
@@ -258,19 +274,29 @@ def generate_batch(
     last = time.perf_counter()
     while not engine.idle:
         for row in engine.step():
+            if stop_when is not None and row.index not in engine.stopped and stop_when(row.index, row.result):
+                engine.stop(row.index)
             now = time.perf_counter()
             yield row.index, row.result, now - last
             last = now
 
 
 def forking_batch(
-    model, tokenizer, requests, make_root, make_branch, batch_size: int, prefix: list[int], prefix_cache=None
+    model,
+    tokenizer,
+    requests,
+    make_root,
+    make_branch,
+    batch_size: int,
+    prefix: list[int],
+    prefix_cache=None,
+    stop_when=None,
 ) -> Iterator[tuple[int, RowResult, float]]:
     """`generate_batch` for rows that spawn rows (`Choice.spawn`: deliberate's
     branches, a vote's samples): one group, so a spawned row shares its parent's
     batch, and the prefix stored once, so it copies only its parent's own
     positions. `make_root` makes each request's sampler, `make_branch` each
-    spawned row's."""
+    spawned row's; `stop_when` as in `generate_batch`."""
     return generate_batch(
         model,
         tokenizer,
@@ -282,6 +308,7 @@ def forking_batch(
         groups=1,
         branch_sampler=make_branch,
         prefix_cache=prefix_cache,
+        stop_when=stop_when,
     )
 
 

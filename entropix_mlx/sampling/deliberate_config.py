@@ -10,6 +10,7 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 import math
 from dataclasses import dataclass
 
+from .selection import VOTE_SELECTORS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, rule, validate
 
 SELECTORS = (
@@ -19,6 +20,8 @@ SELECTORS = (
     "logprob",
     "vote",
     "weighted_vote",
+    "confidence_vote",
+    "lowest_group_vote",
     "continuation_logprob",
     "continuation_margin",
 )
@@ -67,9 +70,17 @@ class DeliberateConfig(Settings):
     # "loop_or_length" (also one cut off by the length limit, which at short
     # budgets is often a right answer still explaining itself), "off".
     clean_first: str = "loop"
+    # The vote selectors' weights (selection.vote_weight): exp(confidence /
+    # vote_temperature), the confidence of lowest_group_vote over group_tokens tokens.
+    vote_temperature: float = 0.1
+    group_tokens: int = 16
+    # Stop early (CGES-style): once two or more candidates have ended cleanly and
+    # one answer holds stop_share of their vote (a vote selector's weights), the
+    # other rows stop and the vote is taken among those that ended. 0: off.
+    stop_share: float = 0.0
 
     def __post_init__(self):
-        validate(self, RULES)
+        validate(self, RULES, CHECKS)
 
     @property
     def max_candidates(self) -> int:
@@ -93,7 +104,19 @@ RULES = {
     "selector": rule(lambda v: v in SELECTORS, f"choose one of: {', '.join(SELECTORS)}"),
     "margin": at_least(0),
     "clean_first": rule(lambda v: v in CLEAN_RULES, f"choose one of: {', '.join(CLEAN_RULES)}"),
+    "vote_temperature": rule(lambda v: v > 0, "must be > 0"),
+    "group_tokens": at_least(1),
+    "stop_share": rule(lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
 }
+
+
+def _stop_needs_a_vote(settings):
+    if settings.stop_share > 0 and settings.selector not in VOTE_SELECTORS:
+        return "stop_share", f"stops on a vote: choose a vote selector ({', '.join(VOTE_SELECTORS)})"
+    return None
+
+
+CHECKS = (_stop_needs_a_vote,)
 
 
 # CoT-decoding (Wang & Zhou 2024) as a preset: the top 10 first tokens (the

@@ -33,7 +33,10 @@ class Candidate:
     def flaw(self, rule: str = "loop") -> str | None:
         """Why this answer is degenerate under `rule` ("off", "loop",
         "loop_or_length"), or None: no text at all, a loop of LOOP_ALERT tokens or
-        more, or (with "loop_or_length") no ending of its own before the length limit."""
+        more, or (with "loop_or_length") no ending of its own before the length limit.
+        A candidate stopped early (the vote was decided) never competes."""
+        if self.finish_reason == "stopped":
+            return "stopped early"
         if rule == "off":
             return None
         if self.answer is None and not self.text.strip():  # ended at once: no answer to prefer
@@ -108,7 +111,43 @@ def answer_token_span(tokenizer, tokens: list[int], answer: str | None) -> list[
     return [i for i in range(len(tokens)) if begins[i] < stop and ends[i] > start] or list(range(len(tokens)))
 
 
-def answer_scores(candidates: list[Candidate], selector: str) -> dict:
+# Votes weighted by the model's confidence in each candidate: exp(confidence /
+# temperature). A softmax over the candidates (CISC) divides every weight by the
+# same sum, so the winner is the same, and each weight is known as soon as its
+# candidate ends (what stopping early needs).
+VOTE_SELECTORS = ("vote", "weighted_vote", "confidence_vote", "lowest_group_vote")
+
+
+def lowest_group(logprobs: list[float], window: int) -> float:
+    """DeepConf's lowest group confidence (Fu et al. 2025) with the chosen tokens'
+    log-probabilities: the lowest mean over `window` consecutive tokens (the
+    whole answer's mean when it is shorter)."""
+    if not logprobs:
+        return 0.0
+    if len(logprobs) <= window:
+        return sum(logprobs) / len(logprobs)
+    total = sum(logprobs[:window])
+    lowest = total
+    for i in range(window, len(logprobs)):
+        total += logprobs[i] - logprobs[i - window]
+        lowest = min(lowest, total)
+    return lowest / window
+
+
+def vote_weight(c: Candidate, selector: str, temperature: float = 0.1, window: int = 16) -> float:
+    """A candidate's vote under a vote selector."""
+    if selector == "vote":
+        return 1.0
+    if selector == "weighted_vote":
+        return math.exp(c.mean_logprob)
+    if selector == "confidence_vote":  # CISC: the length-normalized sequence probability
+        return math.exp(c.mean_logprob / temperature)
+    if selector == "lowest_group_vote":  # DeepConf: the weakest stretch of the chain
+        return math.exp(lowest_group(c.logprobs, window) / temperature)
+    raise ValueError(f"{selector!r} is not a vote")
+
+
+def answer_scores(candidates: list[Candidate], selector: str, temperature: float = 0.1, window: int = 16) -> dict:
     """Score of each distinct answer (None, no answer, never scores):
 
     - greedy: 1 for the greedy answer;
@@ -117,6 +156,9 @@ def answer_scores(candidates: list[Candidate], selector: str) -> dict:
     - logprob: the best mean log-probability (nats) among its candidates;
     - vote: how many candidates give it;
     - weighted_vote: sum over its candidates of exp(mean log-probability);
+    - confidence_vote, lowest_group_vote: sum over its candidates of exp(mean
+      log-probability / temperature) (CISC), or of exp(lowest group mean over
+      `window` tokens / temperature) (DeepConf);
     - continuation_logprob, continuation_margin: the best mean log-probability
       or margin after the first token among its candidates."""
     scores: dict = {}
@@ -131,10 +173,8 @@ def answer_scores(candidates: list[Candidate], selector: str) -> dict:
             value, combine = c.answer_margin, max
         elif selector == "logprob":
             value, combine = c.mean_logprob, max
-        elif selector == "vote":
-            value, combine = 1.0, _add
-        elif selector == "weighted_vote":
-            value, combine = math.exp(c.mean_logprob), _add
+        elif selector in VOTE_SELECTORS:
+            value, combine = vote_weight(c, selector, temperature, window), _add
         elif selector == "continuation_logprob":
             value, combine = c.continuation_logprob, max
         elif selector == "continuation_margin":
@@ -154,7 +194,12 @@ def _add(a, b):
 
 
 def select(
-    candidates: list[Candidate], selector: str, margin: float = 0.0, clean_first: str = "loop"
+    candidates: list[Candidate],
+    selector: str,
+    margin: float = 0.0,
+    clean_first: str = "loop",
+    temperature: float = 0.1,
+    window: int = 16,
 ) -> tuple[int, str, dict]:
     """(index of the chosen candidate, why, the answers' scores). The greedy
     answer (candidates[0]) stays unless another answer scores more than
@@ -166,7 +211,7 @@ def select(
     compete when there are some, and a degenerate greedy answer keeps no
     margin, so the best clean answer replaces it."""
     pool = [i for i, c in enumerate(candidates) if c.flaw(clean_first) is None] or list(range(len(candidates)))
-    scores = answer_scores([candidates[i] for i in pool], selector)
+    scores = answer_scores([candidates[i] for i in pool], selector, temperature, window)
     if 0 not in pool:
         best = max(scores, key=lambda a: scores[a]) if scores else None
         index = max((i for i in pool if candidates[i].answer == best), key=lambda i: (candidates[i].mean_logprob, -i))
