@@ -36,6 +36,7 @@ from .options import (
     NoCacheOpt,
     NoColorOpt,
     PresencePenaltyOpt,
+    ReasoningOpt,
     RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
@@ -318,17 +319,18 @@ def chat(
     weights: WeightsOpt = default_weights(),
     no_cache: NoCacheOpt = False,
     budget: BudgetOpt = None,
+    reasoning: ReasoningOpt = False,
     verbose: VerboseOpt = False,
 ):
     """Talk with the model, turn after turn; /help lists the commands."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, budget, **overrides)
+    config = check_options(sampler, config, model, budget, reasoning, **overrides)
     llm, tokenizer, source = load_model(
         model, weights, tensor_parallel=True, cache=not no_cache
     )  # sharded under mlx.launch
     w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
     quiet_unless_root(w)
-    options = {"config": config, **overrides, "budget": budget}
+    options = {"config": config, **overrides, "budget": budget, "reasoning": reasoning}
     penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     session = ChatSession(
         llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties, verbose

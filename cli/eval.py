@@ -108,6 +108,14 @@ def eval_command(
             "the answer is read from its last line. For larger models.",
         ),
     ] = False,
+    reasoning: Annotated[
+        bool | None,
+        typer.Option(
+            "--reasoning/--no-reasoning",
+            show_default="with --cot",
+            help="Entropix's reasoning profile (the card's \\[reasoning] table, else the default one).",
+        ),
+    ] = None,
     model: ModelOpt = None,
     samplers: Annotated[
         str,
@@ -197,8 +205,11 @@ def eval_command(
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
+    if reasoning and "entropix" not in names:
+        raise ConfigError("--reasoning sets the entropix sampler, which --samplers does not name")
+    reasoning = cot if reasoning is None else reasoning
     if "entropix" in names:  # a bad --config fails now, not after the model loads
-        resolve_config(source.name, config)
+        resolve_config(source.name, config, reasoning)
     if "deliberate" in names and for_deliberate:
         resolve_deliberate(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
@@ -214,6 +225,7 @@ def eval_command(
             tokenizer=tokenizer,
             model_name=source.name,
             config=config if name == "entropix" or (name == "deliberate" and for_deliberate) else None,
+            reasoning=reasoning and name == "entropix",
             metrics=False,
             k=k if name in VOTE_NAMES else None,
         )

@@ -67,8 +67,9 @@ def warm_up_compiler():
 
 def build_sampler(name, tokenizer, model_name, config=None, **overrides):
     """The sampler by name with the parameters it takes (sampling/parameters.py);
-    deliberate takes --budget instead."""
+    deliberate takes --budget instead, entropix also --reasoning."""
     budget = overrides.pop("budget", None)
+    reasoning = overrides.pop("reasoning", False)
     name, overrides, _ = sampling_request(name, overrides)
     if name == "deliberate":
         overrides = {"budget": budget}
@@ -77,6 +78,7 @@ def build_sampler(name, tokenizer, model_name, config=None, **overrides):
         tokenizer=tokenizer,
         model_name=model_name,
         config=config if name in ("entropix", "deliberate") else None,
+        reasoning=reasoning and name == "entropix",
         **overrides,
     )
 

@@ -166,6 +166,14 @@ BudgetOpt = Annotated[
         help="deliberate only: generated tokens at most BUDGET x the longest candidate.",
     ),
 ]
+ReasoningOpt = Annotated[
+    bool,
+    typer.Option(
+        "--reasoning",
+        help="entropix only: its reasoning profile (the card's \\[reasoning] table, else the default one), "
+        "settings chosen for chains of thought (docs/sampler.md, Reasoning).",
+    ),
+]
 NoCacheOpt = Annotated[
     bool,
     typer.Option(
@@ -187,7 +195,12 @@ WeightsOpt = Annotated[
 
 
 def check_options(
-    sampler: str, config: str | None, model: str | None, budget: float | None = None, **overrides
+    sampler: str,
+    config: str | None,
+    model: str | None,
+    budget: float | None = None,
+    reasoning: bool = False,
+    **overrides,
 ) -> str | None:
     """Reject settings that cannot work before the model loads, so a mistake
     costs a second, not a model load. Returns --config for make_sampler."""
@@ -198,6 +211,8 @@ def check_options(
         )
     if budget is not None and sampler != "deliberate":
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
+    if reasoning and sampler != "entropix":
+        raise ConfigError(f"--reasoning sets the entropix sampler; --sampler {sampler} does not use it")
     if sampler == "deliberate":  # the card's [deliberate] table, a --config file's, then --budget
         if config is not None and not Path(config).is_file():
             raise ConfigError(
@@ -213,5 +228,5 @@ def check_options(
             raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(PRESETS)})")
     answering, kept, _ = sampling_request(sampler, overrides)
     if answering == "entropix":  # reads the card and the file, validates every value
-        resolve_config(resolve(model).name, config, **kept)
+        resolve_config(resolve(model).name, config, reasoning, **kept)
     return config

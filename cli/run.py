@@ -38,6 +38,7 @@ from .options import (
     NoCacheOpt,
     NoColorOpt,
     PresencePenaltyOpt,
+    ReasoningOpt,
     RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
@@ -115,14 +116,16 @@ def run(
         typer.Option("--html", help="Also write the answer as a self-contained HTML page (the server page's export)."),
     ] = None,
     budget: BudgetOpt = None,
+    reasoning: ReasoningOpt = False,
     verbose: VerboseOpt = False,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, budget, **overrides)
+    config = check_options(sampler, config, model, budget, reasoning, **overrides)
     sampler, overrides, notes = sampling_request(sampler, overrides)  # temperature 0: greedy answers
     if sampler == "deliberate":
         overrides = {"budget": budget}
+    overrides["reasoning"] = reasoning
     _check_run_options(sampler, html, raw, system)
     text = read_prompt(prompt)
     llm, tokenizer, source = load_model(

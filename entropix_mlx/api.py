@@ -62,7 +62,9 @@ def make_sampler(name: str = "entropix", model=None, **settings):
     decoder (`deliberate`) by name, with the settings of `model`'s card (a
     model from `load`) under `settings`. Without a model, the defaults (for
     `entropix`, the `reference` preset, tuned for Llama-3.2-1B), with a warning:
-    thresholds do not transfer between models."""
+    thresholds do not transfer between models. `reasoning=True` (entropix): the
+    card's settings for chains of thought (its [reasoning] table, else the
+    default reasoning profile)."""
     given = {k: settings.pop(k) for k in list(settings) if k in PARAMETERS}
     name, taken, notes = sampling_request(name, given)  # the one rule the CLI and the server follow too
     for note in notes:
@@ -143,16 +145,17 @@ def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed
     return "".join(r.text for r in stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed))
 
 
-def mlx_lm_sampler(tokenizer, config=None, seed: int = 0, **settings) -> MlxLmSampler:
+def mlx_lm_sampler(tokenizer, config=None, seed: int = 0, reasoning: bool = False, **settings) -> MlxLmSampler:
     """Entropix for mlx-lm: pass it as `sampler=` to `mlx_lm.generate` or
     `mlx_lm.stream_generate`, one per answer (sampling/mlx_lm_sampler.py says
     what it cannot do there). `config`: a preset name, a TOML card or a
-    SamplerConfig; without one, the defaults, with a warning."""
+    SamplerConfig; without one, the defaults, with a warning. `reasoning`: its
+    reasoning profile (see `make_sampler`)."""
     if config is None:
         warnings.warn(
             "mlx_lm_sampler without config=: the default settings, not a card measured for your model; "
             "pass config= (a card from entropix-mlx calibrate, or a preset)",
             stacklevel=2,
         )
-    cfg, source = resolve_config(None, config, **settings)
+    cfg, source = resolve_config(None, config, reasoning, **settings)
     return MlxLmSampler(EntropixSampler(cfg, tokenizer, source), seed)

@@ -20,7 +20,12 @@ EVAL_SAMPLER_NAMES = (*SAMPLER_NAMES, *VOTE_NAMES, "cot_decoding")
 
 
 def make_sampler(
-    name: str = "greedy", tokenizer=None, model_name: str | None = None, config=None, **overrides
+    name: str = "greedy",
+    tokenizer=None,
+    model_name: str | None = None,
+    config=None,
+    reasoning: bool = False,
+    **overrides,
 ) -> Sampler:
     """Build a sampler by name.
 
@@ -29,9 +34,13 @@ def make_sampler(
     "entropix" takes `config` (None: the model's card if `model_name` has one,
     else the reference preset; a preset name; a .toml path; or a SamplerConfig)
     and any SamplerConfig field as an override; it needs the tokenizer to
-    resolve its thinking text. None values are ignored.
+    resolve its thinking text; `reasoning` lays the reasoning profile over its
+    card (config.reasoning_profile; the other samplers have none). None values
+    are ignored.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if reasoning and name != "entropix":
+        raise ConfigError(f"the reasoning profile is the entropix sampler's; the {name} sampler has none")
     logprobs = overrides.pop("logprobs", True)  # only greedy can do without: the others sample with them
     if name in VOTE_NAMES:  # k sampled answers and a vote; overrides such as k
         overrides.pop("metrics", None)
@@ -49,7 +58,7 @@ def make_sampler(
         return Deliberator(cfg, source)
     if name == "entropix":
         overrides.pop("metrics", None)  # Entropix always needs its metrics
-        cfg, source = resolve_config(model_name, config, **overrides)
+        cfg, source = resolve_config(model_name, config, reasoning, **overrides)
         return EntropixSampler(cfg, tokenizer, source)
     if name == "greedy":
         return GreedySampler(overrides.get("metrics", True), logprobs)

@@ -10,14 +10,20 @@ Thresholds are in bits (entropy) and bits squared (varentropy), the units of
 
 A TOML file holds the same field names, either at top level or in a
 `[sampler]` table (model cards use the table).
+
+The reasoning profile: [sampler] settings are tuned on short answers; a chain
+of thought restates numbers and headers on purpose and runs for hundreds of
+tokens, where one derailing draw costs the answer. `reasoning=True` lays the
+card's `[reasoning]` table (or, without one, REASONING) over [sampler].
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .cards import card_path
 from .parameters import PARAMETERS
-from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, rule, validate
+from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, read_toml, rule, validate
 
 STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
 
@@ -190,26 +196,61 @@ def load_toml(path, base: SamplerConfig | None = None) -> SamplerConfig:
 
 PRESETS = ("reference", "calibrated")
 
+# The default reasoning profile, chosen on GSM8K train items (docs/sampler.md,
+# "Reasoning"): a card's [reasoning] table replaces it.
+REASONING = {"repetition_penalty": 0.0, "adaptive_max_temperature": 0.7}
 
-def resolve_config(model_name: str | None = None, config=None, **overrides) -> tuple[SamplerConfig, str]:
+
+def resolve_config(
+    model_name: str | None = None, config=None, reasoning: bool = False, **overrides
+) -> tuple[SamplerConfig, str]:
     """The sampler's config and a one-line note of where it came from.
 
     `config`: None (the model's card if it has one, else the reference preset),
     a preset name, a path to a TOML file (its fields override the default), or
-    a SamplerConfig. `overrides`: field values applied last (None = unset).
+    a SamplerConfig. `reasoning`: the reasoning profile (`reasoning_profile`)
+    over those. `overrides`: field values applied last (None = unset).
     """
     card = card_table(SamplerConfig, model_name)
     if config == "reference":
-        return layered((SamplerConfig(), "preset reference"), None, overrides)
-    if config == "calibrated":
+        settings = SamplerConfig(), "preset reference"
+    elif config == "calibrated":
         if card is None:
             raise ConfigError(
                 f"model '{model_name}' has no calibrated card; "
                 "measure one first (`entropix-mlx calibrate`, or entropix_mlx.load, which measures it on first use)"
             )
-        return layered(card, None, overrides)
-    if config is not None and not isinstance(config, SamplerConfig):
-        if not (isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file()):
-            raise ConfigError(f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file")
-    default = SamplerConfig(), "preset reference (no model card; run `entropix-mlx calibrate`)"
-    return layered(card or default, config, overrides)
+        settings = card
+    else:
+        if config is not None and not isinstance(config, SamplerConfig):
+            if not (isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file()):
+                raise ConfigError(
+                    f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file"
+                )
+        default = SamplerConfig(), "preset reference (no model card; run `entropix-mlx calibrate`)"
+        settings = layered(card or default, config)
+    if reasoning:
+        settings = _with_profile(settings, model_name, config)
+    return layered(settings, None, overrides)
+
+
+def reasoning_profile(model_name: str | None = None, config=None) -> tuple[dict, str]:
+    """The [sampler] settings a chain of thought changes, and where they come
+    from: the [reasoning] table of the TOML file `config`, else of the model's
+    card, else REASONING."""
+    files = [Path(config)] if isinstance(config, (str, Path)) and str(config).endswith(".toml") else []
+    files += [card_path(model_name)] if model_name else []
+    for path in files:
+        if path.is_file():
+            table = read_toml(path).get("reasoning")
+            if table is not None:
+                if not isinstance(table, dict):
+                    raise ConfigError(f"config file {path}: [reasoning] must be a table")
+                return table, f"[reasoning] of {path.name}"
+    return dict(REASONING), "the default reasoning profile"
+
+
+def _with_profile(under: tuple[SamplerConfig, str], model_name, config) -> tuple[SamplerConfig, str]:
+    settings, source = under
+    table, where = reasoning_profile(model_name, config)
+    return SamplerConfig.from_dict({**settings.to_dict(), **table}, source=where), f"{source} + {where}"

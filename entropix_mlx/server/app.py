@@ -101,8 +101,13 @@ class Server:
             # Front-ends send temperature and the like on every request: samplers
             # that take none leave them out (with a note) rather than refuse the request.
             name, overrides, warnings = sampling_request(p.sampler, p.overrides)
+            reasoning = p.reasoning and name == "entropix"
+            if p.reasoning and not reasoning:
+                warnings.append(f"reasoning ignored: the {name} sampler has no reasoning profile")
             try:
-                sampler = make_sampler(name, tokenizer=engine.tokenizer, model_name=engine.name, **overrides)
+                sampler = make_sampler(
+                    name, tokenizer=engine.tokenizer, model_name=engine.name, reasoning=reasoning, **overrides
+                )
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
         room = engine.context - len(ids)
@@ -125,7 +130,7 @@ class Server:
         seed = p.seed if p.seed is not None else random_seed()
         # Every sampler, greedy and deliberate included: they change the logits, not the sampling.
         penalties = make_penalties(**p.penalties, prompt=ids)
-        recipe = {"sampler": name, "overrides": overrides, "penalties": p.penalties}
+        recipe = {"sampler": name, "overrides": overrides, "penalties": p.penalties, "reasoning": reasoning}
         job = Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop, penalties, recipe=recipe)
         return job, warnings
 

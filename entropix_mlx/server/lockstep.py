@@ -54,7 +54,13 @@ class Lockstep:
 
 def rebuild(engine: Engine, recipe: dict) -> Job:
     """Rank 0's job, as `job_recipe` described it, with no client."""
-    sampler = make_sampler(recipe["sampler"], tokenizer=engine.tokenizer, model_name=engine.name, **recipe["overrides"])
+    sampler = make_sampler(
+        recipe["sampler"],
+        tokenizer=engine.tokenizer,
+        model_name=engine.name,
+        reasoning=recipe.get("reasoning", False),
+        **recipe["overrides"],
+    )
     penalties = make_penalties(**recipe["penalties"], prompt=recipe["ids"])
     return Job(
         recipe["ids"],

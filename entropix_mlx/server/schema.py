@@ -50,6 +50,7 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    reasoning: bool = False  # entropix's reasoning profile (sampling/config.py)
 
 
 def _is_int(v) -> bool:
@@ -192,6 +193,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     if sampler not in sampler_names:
         raise bad("sampler", f"'sampler' must be one of {', '.join(sampler_names)}, got {sampler!r}")
     p.sampler = sampler
+    p.reasoning = _boolean(body, "reasoning")
     n = _integer(body, "n", 1, 1)
     del n  # only one choice per request; n = 1 is accepted for clients that always send it
     limit = _integer(body, "max_completion_tokens", 1)

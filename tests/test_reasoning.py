@@ -1,0 +1,117 @@
+"""Entropix's reasoning profile: a card's [reasoning] table (else the default
+one) over its [sampler] settings, chosen by `--reasoning`, `eval --cot`, a
+server request's `reasoning` field and the Python API's `reasoning=True`."""
+
+import json
+
+import pytest
+from conftest import make_tiny_model, make_tiny_tokenizer
+from test_cli_run import invoke, one_error_line
+
+from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
+from entropix_mlx.errors import ConfigError
+from entropix_mlx.sampling.config import REASONING, SamplerConfig, reasoning_profile, resolve_config
+
+
+@pytest.fixture
+def cards(tmp_path, monkeypatch):
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
+    (tmp_path / "plain.toml").write_text("[sampler]\nlow_entropy = 0.42\nrepetition_penalty = 2.0\n")
+    (tmp_path / "own.toml").write_text(
+        "[sampler]\nlow_entropy = 0.42\nrepetition_penalty = 2.0\n[reasoning]\nrepetition_ngram = 7\n"
+    )
+    return tmp_path
+
+
+def test_the_default_profile_changes_the_card_it_lies_over(cards):
+    plain, _ = resolve_config("plain")
+    reasoned, source = resolve_config("plain", reasoning=True)
+    assert any(getattr(plain, k) != v for k, v in REASONING.items())  # it changes something
+    assert all(getattr(reasoned, k) == v for k, v in REASONING.items())
+    assert reasoned.low_entropy == 0.42  # the card's other settings stay
+    assert "plain.toml" in source and "default reasoning profile" in source
+
+
+def test_a_cards_own_table_replaces_the_default(cards):
+    cfg, source = resolve_config("own", reasoning=True)
+    assert cfg.repetition_ngram == 7 and cfg.repetition_penalty == 2.0 and "[reasoning] of own.toml" in source
+    assert resolve_config("own")[0].repetition_ngram == SamplerConfig().repetition_ngram  # only when asked
+
+
+def test_a_config_files_table_wins_and_overrides_come_last(cards, tmp_path):
+    given = tmp_path / "mine.toml"
+    given.write_text("[sampler]\ntemperature = 0.5\n[reasoning]\nrepetition_ngram = 9\n")
+    cfg, source = resolve_config("own", str(given), reasoning=True, repetition_ngram=4)
+    assert (cfg.temperature, cfg.repetition_ngram) == (0.5, 4) and "mine.toml" in source
+    assert reasoning_profile("own", str(given)) == ({"repetition_ngram": 9}, "[reasoning] of mine.toml")
+    assert reasoning_profile("plain") == (REASONING, "the default reasoning profile")
+
+
+def test_a_bad_reasoning_table_is_one_line_naming_the_setting(cards):
+    (cards / "bad.toml").write_text("[sampler]\n[reasoning]\nrepetition_ngram = 0\n")
+    with pytest.raises(ConfigError, match="'repetition_ngram'") as e:
+        resolve_config("bad", reasoning=True)
+    assert "\n" not in str(e.value)
+    (cards / "typo.toml").write_text("[sampler]\n[reasoning]\nrepetition_ngrams = 4\n")
+    with pytest.raises(ConfigError, match="unknown sampler setting 'repetition_ngrams'"):
+        resolve_config("typo", reasoning=True)
+
+
+def test_only_entropix_has_a_profile(cards):
+    assert all(
+        getattr(make_sampler("entropix", model_name="plain", reasoning=True).config, k) == v
+        for k, v in REASONING.items()
+    )
+    with pytest.raises(ConfigError, match="the greedy sampler has none"):
+        make_sampler("greedy", reasoning=True)
+
+
+def test_run_reasoning_is_refused_for_another_sampler():
+    code, _, err = invoke("run", "Hi", "--sampler", "greedy", "--reasoning")
+    assert code == 2 and "--reasoning sets the entropix sampler" in one_error_line(err)
+
+
+def test_the_api_takes_reasoning(monkeypatch):
+    import entropix_mlx
+
+    model, tokenizer = entropix_mlx.load()
+    sampler = entropix_mlx.make_sampler("entropix", model=model, reasoning=True)
+    assert all(getattr(sampler.config, k) == v for k, v in REASONING.items())
+    assert "reasoning profile" in sampler.config_source
+
+
+def test_a_request_asks_for_the_profile():
+    from entropix_mlx.server import Engine, PrefixCache
+    from entropix_mlx.server.app import Server
+    from entropix_mlx.server.schema import APIError, parse
+
+    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    try:
+        server = Server(engine)
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        job, notes = server._prepare(parse({**body, "reasoning": True}, True, SAMPLER_NAMES), chat=True)
+        assert all(getattr(job.sampler.config, k) == v for k, v in REASONING.items()) and notes == []
+        assert job.recipe["reasoning"] is True  # a follower rank rebuilds the same sampler
+        job, _ = server._prepare(parse(body, True, SAMPLER_NAMES), chat=True)
+        assert job.sampler.config == resolve_config("tiny")[0]  # not asked: the card's settings
+        job, notes = server._prepare(parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True)
+        assert notes == ["reasoning ignored: the greedy sampler has no reasoning profile"]
+        with pytest.raises(APIError) as e:
+            parse({**body, "reasoning": "yes"}, True, SAMPLER_NAMES)
+        assert e.value.status == 400 and e.value.body()["error"]["param"] == "reasoning"
+    finally:
+        engine.close()
+
+
+def test_eval_cot_uses_the_profile_unless_told_not_to(tiny_ref, tmp_path):
+    gsm = tmp_path / "gsm.jsonl"
+    item = {"question": "3 + 4?", "answer": "#### 7", "prompt": "Q: {question}"}  # short: a 64-token context
+    gsm.write_text(json.dumps(item) + "\n")
+    common = ["eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "entropix", "--max-tokens", "3"]
+    for extra, folder, reasoned in (([], "cot", True), (["--no-reasoning"], "plain", False)):
+        code, _, err = invoke(*common, *extra, "--out", tmp_path / folder)
+        assert code == 0, err
+        settings = json.loads((tmp_path / folder / "config.json").read_text())["samplers"]["entropix"]
+        assert all(settings[k] == v for k, v in REASONING.items()) is reasoned
+    code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--reasoning")
+    assert code == 2 and "--reasoning sets the entropix sampler" in one_error_line(err)
