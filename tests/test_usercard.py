@@ -61,7 +61,8 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     assert data["sampler"]["high_varentropy"] == data["sampler"]["low_varentropy"]
     assert data["sampler"]["branch_select"] == "path_confidence"
     assert data["sampler"]["high_entropy"] == cal.max_entropy(259) <= math.log2(259)
-    assert data["deliberate"]["selector"] == "continuation_margin" and data["deliberate"]["first_alternatives"] == 2
+    assert data["deliberate"]["selector"] == "confidence_vote" and data["deliberate"]["first_alternatives"] == 2
+    assert data["deliberate"]["stop_share"] == 1.0
     assert data["deliberate"]["clean_first"] == "loop_or_length"
     # used from now on, by name, by both samplers
     sampler = make_sampler("entropix", tokenizer, model_name="tiny")

@@ -1,0 +1,130 @@
+"""Candidate sets, selectors and early stopping compared on one wide dev run of
+`deliberate` (docs/deliberate.md, "Per token spent"), without decoding again.
+
+    entropix-mlx eval TASKS --split dev --cot -m MODEL --samplers greedy,deliberate \\
+        --config wide.toml --items 0-31 --out DIR          # wide.toml: docs/deliberate.md
+    python docs/deliberate_budget.py DIR TASKS --cot
+
+Every candidate continues greedily from where it split, so a smaller set is the
+same candidates with the others left out, and early stopping is replayed from
+when each candidate ended: all rows advance one token per step, so candidate i,
+split at s_i with n_i tokens, ends at step n_i. Once the ended candidates' vote
+is decided at step T, the others stop there: a candidate still running keeps
+T - s_i of its own tokens, one that would split after T never starts.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+# ruff: noqa: E402  (the imports after enable())
+import entropix_mlx.accel
+
+entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
+
+from entropix_mlx.eval import load_tasks, score
+from entropix_mlx.eval.stats import sign_test
+from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_scores, select
+
+# Which of the wide run's candidates a setting keeps (the greedy answer always):
+# first-token alternatives (split 0) in the order of their probability, and
+# branches at uncertain positions later in the chain (split > 0).
+SETS = {
+    "first 2 (the card)": lambda splits: [i for i, s in enumerate(splits) if s == 0][:2],
+    "first 4": lambda splits: [i for i, s in enumerate(splits) if s == 0][:4],
+    "in-chain only": lambda splits: [i for i, s in enumerate(splits) if s > 0],
+    "first 2 + in-chain": lambda splits: (
+        [i for i, s in enumerate(splits) if s == 0][:2] + [i for i, s in enumerate(splits) if s > 0]
+    ),
+    "all": lambda splits: list(range(len(splits))),
+}
+SELECTORS = [
+    ("continuation_margin", 0.1),
+    ("vote", 0.0),
+    ("weighted_vote", 0.0),
+    ("confidence_vote", 0.0),
+    ("lowest_group_vote", 0.0),
+]
+STOPS = (0.0, 0.6, 0.8, 1.0)
+
+
+def records(folder):
+    recs = [json.loads(line) for line in open(Path(folder) / "items.jsonl")]
+    greedy = {r["index"]: r for r in recs if r["sampler"] == "greedy"}
+    return greedy, [r for r in recs if r["sampler"] == "deliberate"]
+
+
+def candidate(c, k) -> Candidate:
+    fields = {key: c[key] for key in Candidate.__dataclass_fields__ if key in c}
+    fields.update(row=k, parent=None if k == 0 else 0, tokens=[0] * len(c["logprobs"]), top=[])
+    return Candidate(**fields)
+
+
+def replay(cands: list[Candidate], selector, margin, stop_share, temperature=0.1, window=16):
+    """(index chosen, tokens spent) with early stopping at `stop_share` (0: off)."""
+    spent = [c.own_tokens for c in cands]
+    if stop_share > 0:
+        ended = []
+        for i in sorted(range(len(cands)), key=lambda i: (len(cands[i].tokens), i)):
+            c = cands[i]
+            if c.answer is not None and c.flaw("loop_or_length") is None:
+                ended.append(c)
+            votes = answer_scores(ended, selector, temperature, window) if len(ended) >= 2 else {}
+            if votes and max(votes.values()) >= stop_share * sum(votes.values()):
+                at = len(c.tokens)
+                kept = []
+                for j, other in enumerate(cands):
+                    start = other.split or 0
+                    if len(other.tokens) <= at:
+                        kept.append(j)
+                    elif start < at:
+                        spent[j] = at - start
+                        kept.append(j)
+                        cands[j] = Candidate(**{**other.__dict__, "finish_reason": "stopped"})
+                    else:
+                        spent[j] = 0
+                cands = [cands[j] for j in kept]
+                spent = [spent[j] for j in kept]
+                break
+    chosen, _, _ = select(cands, selector, margin, "loop_or_length", temperature, window)
+    return cands[chosen], sum(spent)
+
+
+def table(folder, tasks_file, cot):
+    tasks = {t.index: t for t in load_tasks(tasks_file)}
+    greedy, items = records(folder)
+    items = [r for r in items if r["index"] in greedy]
+    right_of = {}
+    for r in items:
+        for k, c in enumerate(r["candidates"]):
+            right_of[(r["index"], k)] = score(c["text"], tasks[r["index"]], cot)[1]
+    base = [greedy[r["index"]]["correct"] for r in items]
+    base_tokens = sum(greedy[r["index"]]["tokens"] for r in items) / len(items)
+    print(f"{len(items)} items; greedy {100 * sum(base) / len(items):.1f}%, {base_tokens:.0f} tokens an answer")
+    print(f"{'candidates':20} {'selector':24} {'stop':>5} {'acc':>6} {'W/L':>6} {'p':>6} {'tokens':>7} {'x greedy':>8}")
+    for set_name, pick in SETS.items():
+        for selector, margin in SELECTORS:
+            for stop in STOPS if selector in VOTE_SELECTORS else (0.0,):
+                right, tokens = [], 0
+                for r in items:
+                    cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
+                    keep = [0] + [1 + i for i in pick([c.split for c in cs[1:]])]
+                    chosen, spent = replay([cs[i] for i in keep], selector, margin, stop)
+                    right.append(right_of[(r["index"], chosen.row)])
+                    tokens += spent
+                w = sum(a and not b for a, b in zip(right, base, strict=True))
+                lost = sum(b and not a for a, b in zip(right, base, strict=True))
+                mean = tokens / len(items)
+                print(
+                    f"{set_name:20} {selector + f' d{margin}':24} {stop:5.1f} {100 * sum(right) / len(items):6.1f} "
+                    f"{w:>2}/{lost:<3} {sign_test(w, lost):6.3f} {mean:7.0f} {mean / base_tokens:8.2f}"
+                )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("tasks", help="the eval's task file")
+    parser.add_argument("--cot", action="store_true", help="the eval ran with --cot")
+    args = parser.parse_args()
+    table(args.folder, args.tasks, args.cot)
