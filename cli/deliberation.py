@@ -34,7 +34,9 @@ def deliberation_progress(console, tokenizer, color: bool):
             # One request per deliberation here: its rows are numbered 0 (greedy), 1, 2, ...
             line.append(f"branch {result.row}", style=strategy_color("branch") if color else "")
             line.append(f" at token {result.split} ({first!r} instead)", style=render.META_STYLE)
-        ending = "" if result.finish_reason == "eos" else f" (stopped: {result.finish_reason})"
+        ending = {"eos": "", "stopped": " (stopped early: the vote was decided)"}.get(
+            result.finish_reason, f" (stopped: {result.finish_reason})"
+        )
         line.append(f" · {own} tokens{ending} · {_snippet(tokenizer.decode(result.tokens))!r}", style=render.META_STYLE)
         console.print(line)
 

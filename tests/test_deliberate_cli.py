@@ -88,3 +88,19 @@ def test_chat_takes_a_budget_and_switches_samplers(tiny_ref):
 def test_eval_open_refuses_deliberate(tiny_ref):
     code, out, err = invoke("eval", "--open", "-m", tiny_ref, "--samplers", "greedy,deliberate")
     assert code == 2 and "deliberate is for task files" in one_error_line(err)
+
+
+def test_the_progress_line_says_a_row_stopped_because_the_vote_was_decided(tiny_tokenizer):
+    from entropix_mlx.cli.deliberation import deliberation_progress
+    from rich.console import Console
+
+    from entropix_mlx.decode.rows import RowResult
+
+    console = Console(record=True, width=200)
+    show = deliberation_progress(console, tiny_tokenizer, color=False)
+    show(RowResult(tokens=[72, 105], finish_reason="eos", row=0))
+    show(RowResult(tokens=[72, 33, 33], finish_reason="stopped", row=1, parent=0, split=1))
+    show(RowResult(tokens=[72, 33, 33], finish_reason="length", row=2, parent=0, split=1))
+    lines = console.export_text().splitlines()
+    assert "(stopped" not in lines[0] and "stopped early: the vote was decided" in lines[1]
+    assert "(stopped: length)" in lines[2]
