@@ -558,3 +558,20 @@ def test_a_config_files_deliberate_table_sets_deliberate(tiny_ref, tmp_path):
     config.write_text("[sampler]\nargmax_margin = 2.0\n")
     code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy,deliberate", "--config", config)
     assert code == 2 and "--config sets the entropix sampler" in one_error_line(err)
+
+
+def test_a_folder_resumes_when_only_settings_added_since_are_new_at_their_defaults(tmp_path):
+    from entropix_mlx.eval.store import ResultStore, settings_changed
+    from entropix_mlx.sampling.deliberate_config import DeliberateConfig
+
+    now = DeliberateConfig(selector="continuation_margin").to_dict()
+    before = {k: v for k, v in now.items() if k not in ("stop_share", "vote_temperature", "group_tokens")}
+    assert not settings_changed(before, now)  # written before those settings existed
+    assert settings_changed(before, {**now, "stop_share": 1.0})  # a new setting away from its default
+    assert settings_changed({**before, "margin": 0.3}, now)  # an old setting changed
+    assert settings_changed({**before, "gone": 1}, now)  # a setting the code no longer has
+    identity = {"model": "m", "samplers": {"deliberate": before}}
+    ResultStore(tmp_path / "run", identity)
+    ResultStore(tmp_path / "run", {**identity, "samplers": {"deliberate": now}})  # resumes
+    with pytest.raises(ConfigError, match="settings of sampler 'deliberate' changed"):
+        ResultStore(tmp_path / "run", {**identity, "samplers": {"deliberate": {**now, "stop_share": 1.0}}})

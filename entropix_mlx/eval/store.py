@@ -12,12 +12,16 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import fields
 from pathlib import Path
 
 from ..decode import registry
 from ..decode.rows import Request
 from ..distributed import World, agree, all_gather_json, run_on_root, world
 from ..errors import ConfigError
+from ..sampling.config import SamplerConfig
+from ..sampling.deliberate_config import DeliberateConfig
+from ..sampling.voting import VoteConfig
 
 
 def item_seed(run_seed: int, index: int) -> int:
@@ -43,6 +47,22 @@ def sampler_settings(sampler) -> dict:
     if config is not None and hasattr(config, "to_dict"):
         return config.to_dict()
     return dict(getattr(sampler, "params", {}))
+
+
+def settings_changed(saved: dict, now: dict) -> bool:
+    """Whether a sampler's settings differ from those a folder was written with.
+    A setting added to the code since then resumes at its default, which keeps
+    the earlier behaviour (e.g. deliberate's stop_share 0: no early stop)."""
+    defaults = next(
+        (
+            cls().to_dict()
+            for cls in (SamplerConfig, DeliberateConfig, VoteConfig)
+            if set(now) == {f.name for f in fields(cls)}
+        ),
+        {},
+    )
+    missing = object()
+    return any(k not in now for k in saved) or any(saved.get(k, defaults.get(k, missing)) != v for k, v in now.items())
 
 
 def settings_by_sampler(make_sampler: Callable, runs: list[tuple[str, int]]) -> dict:
@@ -79,7 +99,7 @@ class ResultStore:
             differ += [
                 f"settings of sampler '{n}'"
                 for n, s in identity["samplers"].items()
-                if n in saved.get("samplers", {}) and saved["samplers"][n] != s
+                if n in saved.get("samplers", {}) and settings_changed(saved["samplers"][n], s)
             ]
             if differ:
                 raise ConfigError(
