@@ -357,3 +357,17 @@ def test_confidence_votes_weigh_each_candidate_by_its_probability():
 def test_stopping_early_needs_a_vote():
     with pytest.raises(ConfigError, match="'stop_share'.*vote selector"):
         DeliberateConfig(selector="margin", stop_share=0.6)
+
+
+def test_the_earlier_rule_is_a_named_preset_over_the_card(tmp_path, monkeypatch):
+    from entropix_mlx.decode.registry import EVAL_SAMPLER_NAMES, make_sampler
+
+    (tmp_path / "m.toml").write_text(
+        '[deliberate]\nfirst_alternatives = 3\nselector = "confidence_vote"\nstop_share = 1.0\n'
+    )
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
+    now, before = make_sampler("deliberate", model_name="m"), make_sampler("deliberate_margin", model_name="m")
+    assert (now.config.selector, now.config.stop_share) == ("confidence_vote", 1.0)
+    assert (before.config.selector, before.config.margin, before.config.stop_share) == ("continuation_margin", 0.1, 0.0)
+    assert before.config.first_alternatives == 3 and before.name == "deliberate_margin"  # the card's candidates
+    assert "deliberate_margin" in EVAL_SAMPLER_NAMES

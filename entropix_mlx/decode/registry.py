@@ -16,7 +16,10 @@ BASELINES = {"greedy": GreedySampler, "temperature": TemperatureSampler, "min_p"
 SAMPLER_NAMES = ("entropix", *BASELINES, "deliberate")
 # Baselines that vote over k sampled answers: for eval, which compares whole answers.
 VOTE_NAMES = tuple(VOTE_PRESETS)
-EVAL_SAMPLER_NAMES = (*SAMPLER_NAMES, *VOTE_NAMES, "cot_decoding")
+# deliberate's earlier rules, for comparison in eval: the card's [deliberate] table with its
+# rule replaced (docs/deliberate.md, "Per token spent").
+DELIBERATE_RULES = {"deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0)}
+EVAL_SAMPLER_NAMES = (*SAMPLER_NAMES, *VOTE_NAMES, "cot_decoding", *DELIBERATE_RULES)
 
 
 def make_sampler(
@@ -52,10 +55,12 @@ def make_sampler(
         decoder = Deliberator(COT_DECODING.replace(**overrides), "the cot_decoding preset")
         decoder.name = name
         return decoder
-    if name == "deliberate":  # greedy branches: settings from [deliberate], overrides such as budget
+    if name == "deliberate" or name in DELIBERATE_RULES:  # settings from [deliberate], overrides such as budget
         overrides.pop("metrics", None)
-        cfg, source = resolve_deliberate(model_name, config, **overrides)
-        return Deliberator(cfg, source)
+        cfg, source = resolve_deliberate(model_name, config, **{**DELIBERATE_RULES.get(name, {}), **overrides})
+        decoder = Deliberator(cfg, source)
+        decoder.name = name
+        return decoder
     if name == "entropix":
         overrides.pop("metrics", None)  # Entropix always needs its metrics
         cfg, source = resolve_config(model_name, config, reasoning, **overrides)
