@@ -35,7 +35,7 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.samplers import GREEDY_PARAMS
-from ..sampling.selection import Deliberation, answer_scores, candidate_from, default_answer, select
+from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select
 from .engine import by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
@@ -62,7 +62,14 @@ def deliberate_batch(
     `prefix_cache`, the prefix already run (see `generate_batch`);
     `alternatives`: the most likely tokens each row records per step (eval's records)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
-    stop_when = early_stop(config, tokenizer, answer_of) if config.stop_share > 0 else None
+    made: dict[int, Candidate] = {}  # by row number: the early stop's candidates are the selection's
+
+    def candidate(index: int, result: RowResult) -> Candidate:
+        if result.row not in made:
+            made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text))
+        return made[result.row]
+
+    stop_when = early_stop(config, candidate) if config.stop_share > 0 else None
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
     rows = forking_batch(
@@ -77,20 +84,23 @@ def deliberate_batch(
         stop_when,
     )
     for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
-        candidates = [candidate_from(r, tokenizer, lambda text: answer_of(index, text)) for r in results]
+        candidates = [candidate(index, r) for r in results]
+        for r in results:
+            del made[r.row]
         chosen, reason, scores = select(
             candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
         )
         yield index, Deliberation(candidates, chosen, reason, scores), seconds
 
 
-def early_stop(config: DeliberateConfig, tokenizer, answer_of) -> Callable[[int, RowResult], bool]:
+def early_stop(config: DeliberateConfig, candidate) -> Callable[[int, RowResult], bool]:
     """`stop_when` for the batch engine: True once a request's candidates that
-    ended cleanly (two or more) give one answer stop_share of their vote."""
+    ended cleanly (two or more) give one answer stop_share of their vote.
+    `candidate(index, result)` makes a finished row's candidate."""
     ended: dict[int, list] = {}
 
     def stop_when(index: int, result: RowResult) -> bool:
-        c = candidate_from(result, tokenizer, lambda text: answer_of(index, text))
+        c = candidate(index, result)
         if c.answer is None or c.flaw(config.clean_first) is not None:
             return False
         ended.setdefault(index, []).append(c)
