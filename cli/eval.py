@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.decode.registry import DELIBERATE_RULES, EVAL_SAMPLER_NAMES, VOTE_NAMES, make_sampler
+from entropix_mlx.decode.registry import DELIBERATE_NAMES, EVAL_SAMPLER_NAMES, VOTE_NAMES, make_sampler
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import resolve
@@ -211,11 +211,11 @@ def eval_command(
     reasoning = cot if reasoning is None else reasoning
     if "entropix" in names:  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config, reasoning)
-    if {"deliberate", *DELIBERATE_RULES} & set(names) and for_deliberate:
+    if set(DELIBERATE_NAMES) & set(names) and for_deliberate:
         resolve_deliberate(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
-    card = bool({"entropix", "deliberate", *DELIBERATE_RULES} & set(names))
+    card = bool({"entropix", *DELIBERATE_NAMES} & set(names))
     llm, tokenizer, source = load_model(model, weights, card=card, cache=not no_cache)
     if cot_default:
         max_tokens = _room_to_reason(llm, tokenizer, task_list, max_tokens)
@@ -225,9 +225,7 @@ def eval_command(
             name,
             tokenizer=tokenizer,
             model_name=source.name,
-            config=config
-            if name == "entropix" or (name in ("deliberate", *DELIBERATE_RULES) and for_deliberate)
-            else None,
+            config=config if name == "entropix" or (name in DELIBERATE_NAMES and for_deliberate) else None,
             reasoning=reasoning and name == "entropix",
             metrics=False,
             k=k if name in VOTE_NAMES else None,
@@ -261,7 +259,7 @@ def eval_command(
 def _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks) -> str:
     """Refuse what the mode (accuracy on a task file, or --open) cannot do; the split to run."""
     if open_text:
-        whole = [n for n in names if n in ("deliberate", "cot_decoding", *VOTE_NAMES, *DELIBERATE_RULES)]
+        whole = [n for n in names if n in (*DELIBERATE_NAMES, "cot_decoding", *VOTE_NAMES)]
         if whole:  # they pick among whole answers by their task's answer
             raise ConfigError(f"--samplers {whole[0]} is for task files; --open measures free writing")
         refused = [
@@ -299,7 +297,7 @@ def _config_for(config: str | None, names: list[str]) -> bool:
     """Whether --config also sets deliberate (a TOML file with a [deliberate]
     table); the rest of it is Entropix's, so one of them must run."""
     for_deliberate = config is not None and str(config).endswith(".toml") and "deliberate" in read_toml(config)
-    uses_table = {"deliberate", *DELIBERATE_RULES} & set(names) and for_deliberate
+    uses_table = set(DELIBERATE_NAMES) & set(names) and for_deliberate
     if config is not None and "entropix" not in names and not uses_table:
         raise ConfigError(
             "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "

@@ -19,6 +19,8 @@ VOTE_NAMES = tuple(VOTE_PRESETS)
 # deliberate's earlier rules, for comparison in eval: the card's [deliberate] table with its
 # rule replaced (docs/deliberate.md, "Per token spent").
 DELIBERATE_RULES = {"deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0)}
+# The names that read the card's [deliberate] table.
+DELIBERATE_NAMES = ("deliberate", *DELIBERATE_RULES)
 EVAL_SAMPLER_NAMES = (*SAMPLER_NAMES, *VOTE_NAMES, "cot_decoding", *DELIBERATE_RULES)
 
 
@@ -55,7 +57,7 @@ def make_sampler(
         decoder = Deliberator(COT_DECODING.replace(**overrides), "the cot_decoding preset")
         decoder.name = name
         return decoder
-    if name == "deliberate" or name in DELIBERATE_RULES:  # settings from [deliberate], overrides such as budget
+    if name in DELIBERATE_NAMES:  # settings from [deliberate], overrides such as budget
         overrides.pop("metrics", None)
         cfg, source = resolve_deliberate(model_name, config, **{**DELIBERATE_RULES.get(name, {}), **overrides})
         decoder = Deliberator(cfg, source)
