@@ -143,9 +143,7 @@ class BatchEngine:
             if entry.index == index:
                 self.waiting.remove(entry)
                 return True
-        for row in self.rows:
-            if row.index == index:
-                row.request.max_tokens = len(row.result.tokens) + 1
+        self._end_rows(index, 1)
         return False
 
     def stop(self, index: int) -> None:
@@ -153,9 +151,13 @@ class BatchEngine:
         finish_reason "stopped" (its answer is already decided: `deliberate`'s
         early stop)."""
         self.stopped.add(index)
+        self._end_rows(index, 0)  # its next decision adds no token
+
+    def _end_rows(self, index: int, more: int) -> None:
+        """Let request `index`'s running rows take `more` tokens, then end."""
         for row in self.rows:
-            if row.index == index:  # its next decision adds no token
-                row.request.max_tokens = len(row.result.tokens)
+            if row.index == index:
+                row.request.max_tokens = len(row.result.tokens) + more
 
     def step(self) -> list[Row]:
         """One step of every group that has rows or can admit; the rows that finished."""
