@@ -30,6 +30,7 @@ from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_sc
 # first-token alternatives (split 0) in the order of their probability, and
 # branches at uncertain positions later in the chain (split > 0).
 SETS = {
+    "first 1": lambda splits: [i for i, s in enumerate(splits) if s == 0][:1],
     "first 2 (the card)": lambda splits: [i for i, s in enumerate(splits) if s == 0][:2],
     "first 4": lambda splits: [i for i, s in enumerate(splits) if s == 0][:4],
     "in-chain only": lambda splits: [i for i, s in enumerate(splits) if s > 0],

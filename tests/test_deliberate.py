@@ -371,3 +371,21 @@ def test_the_earlier_rule_is_a_named_preset_over_the_card(tmp_path, monkeypatch)
     assert (before.config.selector, before.config.margin, before.config.stop_share) == ("continuation_margin", 0.1, 0.0)
     assert before.config.first_alternatives == 3 and before.name == "deliberate_margin"  # the card's candidates
     assert "deliberate_margin" in EVAL_SAMPLER_NAMES
+
+
+def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
+    from entropix_mlx.decode.registry import EVAL_SAMPLER_NAMES, make_sampler
+
+    (tmp_path / "m.toml").write_text("[deliberate]\nfirst_alternatives = 2\nmax_branch_points = 2\nbudget = 6.0\n")
+    monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
+    narrow, wide = make_sampler("deliberate_narrow", model_name="m"), make_sampler("deliberate_wide", model_name="m")
+    for d, first in ((narrow, 1), (wide, 4)):
+        cfg = d.config
+        assert (cfg.first_alternatives, cfg.max_branch_points, cfg.selector, cfg.stop_share) == (
+            first,
+            0,
+            "confidence_vote",
+            0.0,
+        )
+        assert cfg.clean_first == "loop_or_length" and cfg.budget == 6.0  # the rest is the card's
+    assert {"deliberate_narrow", "deliberate_wide"} <= set(EVAL_SAMPLER_NAMES)
