@@ -91,6 +91,18 @@ def replay(cands: list[Candidate], selector, margin, stop_share, temperature=0.1
     return cands[chosen], sum(spent)
 
 
+def staged(cands: list[Candidate], first: int, selector, temperature=0.1, window=16):
+    """Candidates started one stage after another: the greedy answer and `first`
+    alternatives; the rest start only when those did not all end cleanly with one
+    answer. (index chosen, tokens spent)."""
+    opening = cands[: 1 + first]
+    clean = [c for c in opening if c.answer is not None and c.flaw("loop_or_length") is None]
+    if len(clean) == len(opening) and len({c.answer for c in clean}) == 1:
+        cands = opening
+    chosen, _, _ = select(cands, selector, 0.0, "loop_or_length", temperature, window)
+    return cands[chosen], sum(c.own_tokens for c in cands)
+
+
 def table(folder, tasks_file, cot):
     tasks = {t.index: t for t in load_tasks(tasks_file)}
     greedy, items = records(folder)
@@ -113,13 +125,33 @@ def table(folder, tasks_file, cot):
                     chosen, spent = replay([cs[i] for i in keep], selector, margin, stop)
                     right.append(right_of[(r["index"], chosen.row)])
                     tokens += spent
-                w = sum(a and not b for a, b in zip(right, base, strict=True))
-                lost = sum(b and not a for a, b in zip(right, base, strict=True))
-                mean = tokens / len(items)
-                print(
-                    f"{set_name:20} {selector + f' d{margin}':24} {stop:5.1f} {100 * sum(right) / len(items):6.1f} "
-                    f"{w:>2}/{lost:<3} {sign_test(w, lost):6.3f} {mean:7.0f} {mean / base_tokens:8.2f}"
+                row(
+                    f"{set_name:20} {selector + f' d{margin}':24} {stop:5.1f}",
+                    right,
+                    base,
+                    tokens / len(items),
+                    base_tokens,
                 )
+    for first, rest in ((1, 2), (1, 4), (2, 4)):
+        for selector in ("confidence_vote", "lowest_group_vote"):
+            right, tokens = [], 0
+            for r in items:
+                cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
+                keep = [0] + [1 + i for i in SETS["first 4"]([c.split for c in cs[1:]])][:rest]
+                chosen, spent = staged([cs[i] for i in keep], first, selector)
+                right.append(right_of[(r["index"], chosen.row)])
+                tokens += spent
+            name = f"staged {first}, then {rest}"
+            row(f"{name:20} {selector + ' d0.0':24} {'':5}", right, base, tokens / len(items), base_tokens)
+
+
+def row(label, right, base, mean, base_tokens):
+    w = sum(a and not b for a, b in zip(right, base, strict=True))
+    lost = sum(b and not a for a, b in zip(right, base, strict=True))
+    print(
+        f"{label} {100 * sum(right) / len(right):6.1f} "
+        f"{w:>2}/{lost:<3} {sign_test(w, lost):6.3f} {mean:7.0f} {mean / base_tokens:8.2f}"
+    )
 
 
 if __name__ == "__main__":

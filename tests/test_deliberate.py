@@ -389,3 +389,62 @@ def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
         )
         assert cfg.clean_first == "loop_or_length" and cfg.budget == 6.0  # the rest is the card's
     assert {"deliberate_narrow", "deliberate_wide"} <= set(EVAL_SAMPLER_NAMES)
+
+
+STAGED = dict(first_alternatives=4, max_branch_points=0, max_branches=50, budget=100.0, clean_first="off")
+
+
+def test_a_second_stage_starts_the_other_first_tokens_only_when_the_first_disagrees(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    cfg = DeliberateConfig(selector="vote", **STAGED)
+    at_once = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=12, answer_of=lambda text: text)
+    # distinct texts disagree: the 3 deferred alternatives start after the first stage, from the prompt
+    staged = deliberate(
+        model, tiny_tokenizer, prompt, cfg.replace(first_stage=1), max_tokens=12, answer_of=lambda text: text
+    )
+    assert [(c.split, c.tokens) for c in staged.candidates] == [(c.split, c.tokens) for c in at_once.candidates]
+    root = staged.candidates[0].row
+    assert all(c.parent == root for c in staged.candidates[1:])
+    for a, b in zip(staged.candidates, at_once.candidates, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert staged.tokens_spent == at_once.tokens_spent and staged.chosen == at_once.chosen
+    # one answer from both first-stage candidates: the others never start
+    agreed = deliberate(
+        model, tiny_tokenizer, prompt, cfg.replace(first_stage=1), max_tokens=12, answer_of=lambda text: "same"
+    )
+    assert [c.tokens for c in agreed.candidates] == [c.tokens for c in at_once.candidates[:2]]
+    assert agreed.tokens_spent == sum(c.own_tokens for c in at_once.candidates[:2]) and agreed.prefilled == 0
+
+
+def test_second_stage_rows_count_their_prompt_and_leave_other_requests_alone(model, tiny_tokenizer):
+    cfg = DeliberateConfig(selector="vote", first_stage=2, **STAGED)
+    prompts = [prompt_of(tiny_tokenizer, t) for t in TEXTS]
+    alone = [
+        deliberate(model, tiny_tokenizer, p, cfg, max_tokens=8, answer_of=lambda text: text).candidates for p in prompts
+    ]
+    requests = [Request(p, 0, 8) for p in prompts]
+    prefix = prompts[0][:3]
+    together = {
+        i: d
+        for i, d, _ in deliberate_batch(
+            model, tiny_tokenizer, requests, cfg, lambda i, text: text, batch_size=2, prefix=prefix
+        )
+    }
+    for i, p in enumerate(prompts):
+        assert [(c.split, c.tokens) for c in together[i].candidates] == [(c.split, c.tokens) for c in alone[i]]
+        assert together[i].prefilled == 2 * (len(p) - len(prefix))  # the 2 deferred rows ran the prompt again
+
+
+def test_more_rows_for_a_request_in_flight_wait_ahead_of_new_requests(model, tiny_tokenizer):
+    from entropix_mlx.decode.engine import BatchEngine
+
+    engine = BatchEngine(model, tiny_tokenizer, 1, make_sampler=GreedySampler)
+    for index in (0, 1):
+        engine.add(index, Request([1, 2], 0, 4))
+    engine.add(7, Request([1, 2], 0, 4), GreedySampler(), first=True)
+    assert [w.index for w in engine.waiting] == [7, 0, 1]
+
+
+def test_first_stage_is_validated():
+    with pytest.raises(ConfigError, match="first_stage"):
+        DeliberateConfig(first_stage=-1)

@@ -72,25 +72,35 @@ def deliberate_batch(
     stop_when = early_stop(config, candidate) if config.stop_share > 0 else None
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
+    later: dict[int, int] = {}  # by request: the rows of its second stage
+
+    def make_branch(first_token=None):
+        return recording(BranchSampler(config, spawns=False, first_token=first_token), alternatives)
+
+    follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
+
     rows = forking_batch(
         model,
         tokenizer,
         requests,
         lambda: recording(BranchSampler(config), alternatives),
-        lambda: recording(BranchSampler(config, spawns=False), alternatives),
+        make_branch,
         batch_size,
         prefix,
         prefix_cache,
         stop_when,
+        follow_up,
     )
-    for index, results, seconds in by_request(_watched(rows, on_row) if on_row else rows):
+    rows = _watched(rows, on_row) if on_row else rows
+    for index, results, seconds in by_request(rows, later):
         candidates = [candidate(index, r) for r in results]
         for r in results:
             del made[r.row]
         chosen, reason, scores = select(
             candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
         )
-        yield index, Deliberation(candidates, chosen, reason, scores), seconds
+        prefilled = later.pop(index, 0) * (len(requests[index].prompt) - len(prefix))
+        yield index, Deliberation(candidates, chosen, reason, scores, prefilled), seconds
 
 
 def early_stop(config: DeliberateConfig, candidate) -> Callable[[int, RowResult], bool]:
@@ -107,6 +117,45 @@ def early_stop(config: DeliberateConfig, candidate) -> Callable[[int, RowResult]
         return vote_decided(ended[index], config)
 
     return stop_when
+
+
+def second_stage(config: DeliberateConfig, requests, candidate, make_branch, later: dict) -> Callable:
+    """`follow_up` for the batch engine: once a request's first stage has
+    finished without settling its answer (`stage_decided`), its deferred
+    first-token alternatives start from the prompt, each taking its token first;
+    `later[index]` counts them. Their rows read as branches of the greedy answer
+    at its first token, as if they had been spawned with the others."""
+    first: dict[int, list] = {}
+    root_row: dict[int, int] = {}
+    limits = [r.max_tokens for r in requests]  # before a stop lowers them
+
+    def follow_up(index: int, result: RowResult) -> list:
+        if index in later:  # a second-stage row
+            result.parent, result.split = root_row[index], 0
+            return []
+        rows = first.setdefault(index, [])
+        rows.append(result)
+        root = next((r for r in rows if r.parent is None), None)
+        if root is None or len(rows) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
+            return []
+        del first[index]
+        deferred = root.metrics[0].get("deferred", []) if root.metrics else []
+        if not deferred or stage_decided([candidate(index, r) for r in rows], config):
+            return []
+        later[index], root_row[index] = len(deferred), root.row
+        r, limit = requests[index], limits[index]
+        return [(Request(r.prompt, r.seed, limit, r.penalties), make_branch(token)) for token, _ in deferred]
+
+    return follow_up
+
+
+def stage_decided(candidates: list, config: DeliberateConfig) -> bool:
+    """Whether a first stage settles the answer: its vote stopped it early, or
+    every candidate ended cleanly on one answer."""
+    if any(c.finish_reason == "stopped" for c in candidates):
+        return True
+    clean = all(c.answer is not None and c.flaw(config.clean_first) is None for c in candidates)
+    return clean and len({c.answer for c in candidates}) == 1
 
 
 def vote_decided(ended: list, config: DeliberateConfig) -> bool:
@@ -159,7 +208,7 @@ def eval_rows(
             strategies=token_strategies(d),
             logprobs=w.logprobs,
             finish_reason=w.finish_reason,
-            prompt_tokens=len(requests[index].prompt),
+            prompt_tokens=len(requests[index].prompt) + d.prefilled,
         )
         result.extra = {
             "tokens_spent": d.tokens_spent,

@@ -128,13 +128,26 @@ class BatchEngine:
         self.waiting: deque[_Waiting] = deque()
         self.stopped: set[int] = set()  # requests whose running rows were stopped (`stop`)
 
-    def add(self, index: int, request: Request, sampler: Sampler | None = None, prefix_cache=None, prefix_len=None):
+    def add(
+        self,
+        index: int,
+        request: Request,
+        sampler: Sampler | None = None,
+        prefix_cache=None,
+        prefix_len=None,
+        first: bool = False,
+    ):
         """Queue `request` under `index` (how its rows are reported). `prefix_cache`:
-        its prompt's first `prefix_len` tokens already run (default: the engine's)."""
+        its prompt's first `prefix_len` tokens already run (default: the engine's).
+        `first`: ahead of the waiting requests (more rows for a request in flight)."""
         if prefix_cache is None and prefix_len is None:
             prefix_cache = self.prefix_cache
             prefix_len = prefix_cache[0].offset if prefix_cache is not None else 0
-        self.waiting.append(_Waiting(index, request, sampler, prefix_cache, prefix_len or 0))
+        entry = _Waiting(index, request, sampler, prefix_cache, prefix_len or 0)
+        if first:
+            self.waiting.appendleft(entry)
+        else:
+            self.waiting.append(entry)
 
     def cancel(self, index: int) -> bool:
         """Drop the waiting request `index` (True), or cut its running row: it
@@ -220,6 +233,7 @@ def generate_batch(
     branch_sampler: Callable[[], Sampler] | None = None,
     prefix_cache=None,
     stop_when: Callable[[int, RowResult], bool] | None = None,
+    follow_up: Callable[[int, RowResult], list] | None = None,
 ) -> Iterator[tuple[int, RowResult, float]]:
     """Answer every request; yields `(request index, result, seconds)` as rows
     finish (not in request order). `seconds` is the wall time since the previous
@@ -235,7 +249,9 @@ def generate_batch(
     each spawned row (default: `make_sampler`). `prefix_cache`: the prefix
     already run through the model (e.g. a chat's cache): read, never written.
     `stop_when(index, result)`, asked of each finished row: True stops the
-    request's other rows (`BatchEngine.stop`)."""
+    request's other rows (`BatchEngine.stop`). `follow_up(index, result)`, asked
+    next: (request, sampler) pairs that start more rows under that index, ahead
+    of the waiting requests (`deliberate`'s second stage)."""
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1, got {batch_size}")
     context = model.args.max_position_embeddings
@@ -278,6 +294,9 @@ def generate_batch(
         for row in engine.step():
             if stop_when is not None and row.index not in engine.stopped and stop_when(row.index, row.result):
                 engine.stop(row.index)
+            more = follow_up(row.index, row.result) if follow_up is not None else []
+            for request, sampler in reversed(more):  # each goes first: in reverse, they keep their order
+                engine.add(row.index, request, sampler, first=True)
             now = time.perf_counter()
             yield row.index, row.result, now - last
             last = now
@@ -293,12 +312,13 @@ def forking_batch(
     prefix: list[int],
     prefix_cache=None,
     stop_when=None,
+    follow_up=None,
 ) -> Iterator[tuple[int, RowResult, float]]:
     """`generate_batch` for rows that spawn rows (`Choice.spawn`: deliberate's
     branches, a vote's samples): one group, so a spawned row shares its parent's
     batch, and the prefix stored once, so it copies only its parent's own
     positions. `make_root` makes each request's sampler, `make_branch` each
-    spawned row's; `stop_when` as in `generate_batch`."""
+    spawned row's; `stop_when` and `follow_up` as in `generate_batch`."""
     return generate_batch(
         model,
         tokenizer,
@@ -311,20 +331,25 @@ def forking_batch(
         branch_sampler=make_branch,
         prefix_cache=prefix_cache,
         stop_when=stop_when,
+        follow_up=follow_up,
     )
 
 
-def by_request(rows: Iterator[tuple[int, RowResult, float]]) -> Iterator[tuple[int, list[RowResult], float]]:
-    """`generate_batch`'s rows gathered per request once its root row and every
+def by_request(
+    rows: Iterator[tuple[int, RowResult, float]], more: dict[int, int] | None = None
+) -> Iterator[tuple[int, list[RowResult], float]]:
+    """`generate_batch`'s rows gathered per request once its root row, every
     row spawned from it (`Choice.spawn`; the root's metrics count them as
-    `spawned`) have finished: (request index, results root first then by row
-    number, the seconds of them all)."""
+    `spawned`) and `more[index]` rows started later (`follow_up`) have finished:
+    (request index, results root first then by row number, the seconds of them all)."""
     done: dict[int, list[RowResult]] = {}
     seconds: dict[int, float] = {}
+    more = {} if more is None else more
     for index, result, spent in rows:
         done.setdefault(index, []).append(result)
         seconds[index] = seconds.get(index, 0.0) + spent
         root = next((r for r in done[index] if r.parent is None), None)
-        if root is None or len(done[index]) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
+        expected = 1 + more.get(index, 0) + (sum(m.get("spawned", 0) for m in root.metrics) if root else 0)
+        if root is None or len(done[index]) < expected:
             continue
         yield index, sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row)), seconds.pop(index)

@@ -14,13 +14,16 @@ from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 class BranchSampler:
     """Greedy, recording each step's entropy, varentropy and margin
     p(top1) - p(top2) (the selectors' inputs). The root row's sampler
-    (`spawns=True`) also proposes the alternatives that start branches."""
+    (`spawns=True`) also proposes the alternatives that start branches; with
+    `first_stage`, those past the first stage go to its first token's
+    metrics["deferred"] instead, as (token, logprob). `first_token`: a later
+    stage's row, which takes that token first and then continues greedily."""
 
     name = "deliberate"
 
-    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True):
+    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True, first_token: int | None = None):
         self.config = config or DeliberateConfig()
-        self.spawns = spawns
+        self.spawns, self.first_token = spawns, first_token
         self.reset()
 
     def reset(self):
@@ -42,7 +45,13 @@ class BranchSampler:
             "margin": math.exp(values[0]) - math.exp(values[1]),
         }
         spawn = self._alternatives(len(step.tokens), metrics, values, ids, step.scores) if self.spawns else []
+        if spawn and not step.tokens and c.first_stage:
+            spawn, metrics["deferred"] = spawn[: c.first_stage], spawn[c.first_stage :]
         metrics["spawned"] = len(spawn)
+        if self.first_token is not None and not step.tokens:
+            return Choice(
+                [self.first_token], "branch", [logprobs[self.first_token].item()], metrics, dict(GREEDY_PARAMS)
+            )
         return Choice(
             [ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=[(t, lp, metrics) for t, lp in spawn]
         )

@@ -78,6 +78,10 @@ class DeliberateConfig(Settings):
     # one answer holds stop_share of their vote (a vote selector's weights), the
     # other rows stop and the vote is taken among those that ended. 0: off.
     stop_share: float = 0.0
+    # Start candidates in two stages: the greedy answer and this many first-token
+    # alternatives first; the other alternatives start (from the prompt again)
+    # only if those did not all end cleanly on one answer. 0: all at once.
+    first_stage: int = 0
 
     def __post_init__(self):
         validate(self, RULES, CHECKS)
@@ -107,6 +111,7 @@ RULES = {
     "vote_temperature": rule(lambda v: v > 0, "must be > 0"),
     "group_tokens": at_least(1),
     "stop_share": rule(lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
+    "first_stage": at_least(0),
 }
 
 

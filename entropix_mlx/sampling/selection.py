@@ -57,6 +57,7 @@ class Deliberation:
     chosen: int  # index into candidates
     reason: str
     scores: dict  # the selector's score per distinct answer
+    prefilled: int = 0  # prompt tokens run again for a second stage's rows
 
     @property
     def tokens_spent(self) -> int:
