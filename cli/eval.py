@@ -124,7 +124,8 @@ def eval_command(
             help=f"Comma-separated, from: {', '.join(EVAL_SAMPLER_NAMES)}. Greedy always runs (the baseline). "
             "self_consistency and cisc vote over --k sampled answers; cot_decoding is deliberate's CoT-decoding preset; "
             "deliberate_margin is deliberate with its earlier rule (continuation margin 0.1, no early stop); "
-            "deliberate_narrow and deliberate_wide vote by confidence over greedy and 1 or 4 first-token alternatives.",
+            "deliberate_narrow and deliberate_wide vote by confidence over greedy and 1 or 4 first-token alternatives; "
+            "deliberate_staged starts the wide set's last 3 only when the first two disagree.",
         ),
     ] = DEFAULT_SAMPLERS,
     split: Annotated[

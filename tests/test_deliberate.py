@@ -379,7 +379,9 @@ def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
     (tmp_path / "m.toml").write_text("[deliberate]\nfirst_alternatives = 2\nmax_branch_points = 2\nbudget = 6.0\n")
     monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
     narrow, wide = make_sampler("deliberate_narrow", model_name="m"), make_sampler("deliberate_wide", model_name="m")
-    for d, first in ((narrow, 1), (wide, 4)):
+    staged = make_sampler("deliberate_staged", model_name="m")
+    assert (narrow.config.first_stage, wide.config.first_stage, staged.config.first_stage) == (0, 0, 1)
+    for d, first in ((narrow, 1), (wide, 4), (staged, 4)):
         cfg = d.config
         assert (cfg.first_alternatives, cfg.max_branch_points, cfg.selector, cfg.stop_share) == (
             first,
@@ -388,7 +390,7 @@ def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
             0.0,
         )
         assert cfg.clean_first == "loop_or_length" and cfg.budget == 6.0  # the rest is the card's
-    assert {"deliberate_narrow", "deliberate_wide"} <= set(EVAL_SAMPLER_NAMES)
+    assert {"deliberate_narrow", "deliberate_wide", "deliberate_staged"} <= set(EVAL_SAMPLER_NAMES)
 
 
 STAGED = dict(first_alternatives=4, max_branch_points=0, max_branches=50, budget=100.0, clean_first="off")

@@ -19,12 +19,16 @@ VOTE_NAMES = tuple(VOTE_PRESETS)
 # deliberate's earlier rule and other budgets, for comparison in eval: the card's [deliberate]
 # table with these fields replaced (docs/deliberate.md, "Per token spent"). The budgets vote
 # by confidence over the greedy answer and 1 or 4 first-token alternatives; no early stop,
-# which saves nothing with two candidates and cost the wide set answers on dev.
-_FIRST_TOKEN_VOTE = dict(max_branch_points=0, selector="confidence_vote", margin=0.0, stop_share=0.0)
+# which saves nothing with two candidates and cost the wide set answers on dev. The staged
+# one starts the last 3 of the wide set only when the first two disagree.
+_FIRST_TOKEN_VOTE = dict(
+    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="loop_or_length", stop_share=0.0
+)
 DELIBERATE_RULES = {
     "deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0),
-    "deliberate_narrow": dict(first_alternatives=1, clean_first="loop_or_length", **_FIRST_TOKEN_VOTE),
-    "deliberate_wide": dict(first_alternatives=4, clean_first="loop_or_length", **_FIRST_TOKEN_VOTE),
+    "deliberate_narrow": dict(first_alternatives=1, **_FIRST_TOKEN_VOTE),
+    "deliberate_wide": dict(first_alternatives=4, **_FIRST_TOKEN_VOTE),
+    "deliberate_staged": dict(first_alternatives=4, first_stage=1, **_FIRST_TOKEN_VOTE),
 }
 # The names that read the card's [deliberate] table.
 DELIBERATE_NAMES = ("deliberate", *DELIBERATE_RULES)
