@@ -450,3 +450,27 @@ def test_more_rows_for_a_request_in_flight_wait_ahead_of_new_requests(model, tin
 def test_first_stage_is_validated():
     with pytest.raises(ConfigError, match="first_stage"):
         DeliberateConfig(first_stage=-1)
+
+
+def test_eval_counts_a_second_stage_prompt_and_matches_the_wide_set(model, tiny_tokenizer, tmp_path):
+    import json
+
+    from entropix_mlx.eval import EvalConfig, parse_task, run_eval
+
+    tasks = [parse_task({"question": f"What is {i} + 1?", "answer": str(i + 1)}, i, "x") for i in range(3)]
+    run_eval(
+        model,
+        tiny_tokenizer,
+        tasks,
+        EvalConfig(samplers=["deliberate_wide", "deliberate_staged"], max_tokens=6, batch_size=2),
+        out_dir=tmp_path,
+    )
+    records = [json.loads(x) for x in (tmp_path / "items.jsonl").read_text().splitlines()]
+    greedy = {r["index"]: r for r in records if r["sampler"] == "greedy"}
+    wide = {r["index"]: r for r in records if r["sampler"] == "deliberate_wide"}
+    staged = {r["index"]: r for r in records if r["sampler"] == "deliberate_staged"}
+    for i, r in staged.items():
+        # random text reads no answer: the first stage never settles, so all 5 candidates run
+        assert [c["text"] for c in r["candidates"]] == [c["text"] for c in wide[i]["candidates"]]
+        assert r["tokens_spent"] == wide[i]["tokens_spent"] and r["output"] == wide[i]["output"]
+        assert wide[i]["prompt_tokens"] == greedy[i]["prompt_tokens"] < r["prompt_tokens"]

@@ -211,6 +211,7 @@ def eval_rows(
             prompt_tokens=len(requests[index].prompt) + d.prefilled,
         )
         result.extra = {
+            "prompt_tokens": result.prompt_tokens,  # a second stage runs the prompt again
             "tokens_spent": d.tokens_spent,
             "branches": len(d.candidates) - 1,
             "chosen": d.chosen,
