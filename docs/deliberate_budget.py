@@ -49,10 +49,10 @@ SELECTORS = [
 STOPS = (0.0, 0.6, 0.8, 1.0)
 
 
-def records(folder):
+def records(folder, sampler="deliberate"):
     recs = [json.loads(line) for line in open(Path(folder) / "items.jsonl")]
     greedy = {r["index"]: r for r in recs if r["sampler"] == "greedy"}
-    return greedy, [r for r in recs if r["sampler"] == "deliberate"]
+    return greedy, [r for r in recs if r["sampler"] == sampler]
 
 
 def candidate(c, k) -> Candidate:
@@ -103,9 +103,9 @@ def staged(cands: list[Candidate], first: int, selector, temperature=0.1, window
     return cands[chosen], sum(c.own_tokens for c in cands)
 
 
-def table(folder, tasks_file, cot):
+def table(folder, tasks_file, cot, sampler="deliberate"):
     tasks = {t.index: t for t in load_tasks(tasks_file)}
-    greedy, items = records(folder)
+    greedy, items = records(folder, sampler)
     items = [r for r in items if r["index"] in greedy]
     right_of = {}
     for r in items:
@@ -159,5 +159,6 @@ if __name__ == "__main__":
     parser.add_argument("folder")
     parser.add_argument("tasks", help="the eval's task file")
     parser.add_argument("--cot", action="store_true", help="the eval ran with --cot")
+    parser.add_argument("--sampler", default="deliberate", help="the wide run's sampler name in the folder")
     args = parser.parse_args()
-    table(args.folder, args.tasks, args.cot)
+    table(args.folder, args.tasks, args.cot, args.sampler)
