@@ -22,8 +22,10 @@ import entropix_mlx.accel
 
 entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
 
+from entropix_mlx.decode.deliberate import stage_decided
 from entropix_mlx.eval import load_tasks, score
 from entropix_mlx.eval.stats import sign_test
+from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_scores, select
 
 # Which of the wide run's candidates a setting keeps (the greedy answer always):
@@ -96,8 +98,7 @@ def staged(cands: list[Candidate], first: int, selector, temperature=0.1, window
     alternatives; the rest start only when those did not all end cleanly with one
     answer. (index chosen, tokens spent)."""
     opening = cands[: 1 + first]
-    clean = [c for c in opening if c.answer is not None and c.flaw("loop_or_length") is None]
-    if len(clean) == len(opening) and len({c.answer for c in clean}) == 1:
+    if stage_decided(opening, DeliberateConfig(clean_first="loop_or_length")):
         cands = opening
     chosen, _, _ = select(cands, selector, 0.0, "loop_or_length", temperature, window)
     return cands[chosen], sum(c.own_tokens for c in cands)

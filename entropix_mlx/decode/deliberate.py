@@ -36,7 +36,7 @@ from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select
-from .engine import by_request, forking_batch
+from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
 
@@ -135,10 +135,10 @@ def second_stage(config: DeliberateConfig, requests, candidate, make_branch, lat
             return []
         rows = first.setdefault(index, [])
         rows.append(result)
-        root = next((r for r in rows if r.parent is None), None)
-        if root is None or len(rows) < 1 + sum(m.get("spawned", 0) for m in root.metrics):
+        if not all_finished(rows):
             return []
         del first[index]
+        root = next(r for r in rows if r.parent is None)
         deferred = root.metrics[0].get("deferred", []) if root.metrics else []
         if not deferred or stage_decided([candidate(index, r) for r in rows], config):
             return []
@@ -211,7 +211,6 @@ def eval_rows(
             prompt_tokens=len(requests[index].prompt) + d.prefilled,
         )
         result.extra = {
-            "prompt_tokens": result.prompt_tokens,  # a second stage runs the prompt again
             "tokens_spent": d.tokens_spent,
             "branches": len(d.candidates) - 1,
             "chosen": d.chosen,

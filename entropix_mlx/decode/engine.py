@@ -348,8 +348,12 @@ def by_request(
     for index, result, spent in rows:
         done.setdefault(index, []).append(result)
         seconds[index] = seconds.get(index, 0.0) + spent
-        root = next((r for r in done[index] if r.parent is None), None)
-        expected = 1 + more.get(index, 0) + (sum(m.get("spawned", 0) for m in root.metrics) if root else 0)
-        if root is None or len(done[index]) < expected:
-            continue
-        yield index, sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row)), seconds.pop(index)
+        if all_finished(done[index], more.get(index, 0)):
+            yield index, sorted(done.pop(index), key=lambda r: (r.parent is not None, r.row)), seconds.pop(index)
+
+
+def all_finished(results: list[RowResult], more: int = 0) -> bool:
+    """Whether a request's finished rows are all it has: its root, every row
+    spawned from it (the root's metrics count them as `spawned`) and `more`."""
+    root = next((r for r in results if r.parent is None), None)
+    return root is not None and len(results) >= 1 + more + sum(m.get("spawned", 0) for m in root.metrics)

@@ -121,7 +121,7 @@ def run_eval(
             "thinking_insertions": result.thinking_insertions,
             "finish_reason": result.finish_reason,
             "seconds": round(seconds, 4),
-            "prompt_tokens": len(prompt),
+            "prompt_tokens": result.prompt_tokens,  # more than the prompt where it ran again (deliberate's stages)
             "logprobs": [None if lp is None else round(lp, 4) for lp in result.logprobs],
             "top": [[[t, round(lp, 3)] for t, lp in top] for top in result.tops],
             **getattr(result, "extra", {}),
