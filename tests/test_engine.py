@@ -38,7 +38,8 @@ def test_cancel_drops_a_waiting_request_and_cuts_a_running_row(tiny_tokenizer):
     model = make_model()
     prompts = prompts_of(tiny_tokenizer, TEXTS[:3])
     engine = BatchEngine(model, tiny_tokenizer, batch_size=1, groups=1)
-    engine.add(0, Request(prompts[0], 0, 20), GreedySampler())
+    first = Request(prompts[0], 0, 20)
+    engine.add(0, first, GreedySampler())
     engine.add(1, Request(prompts[1], 0, 20), GreedySampler())
     assert engine.cancel(1) is True  # still waiting: it never runs
     engine.step()  # row 0 joins
@@ -47,6 +48,7 @@ def test_cancel_drops_a_waiting_request_and_cuts_a_running_row(tiny_tokenizer):
     assert engine.cancel(0) is False  # running: cut at its next decision
     done = run_to_end(engine)
     assert list(done) == [0] and len(done[0].tokens) == 2 and done[0].finish_reason == "length"
+    assert first.max_tokens == 20  # the caller's request is left as it was (it may be sent again)
 
 
 def test_per_token_records_hold_the_sampling_parameters_and_notes(tiny_tokenizer):

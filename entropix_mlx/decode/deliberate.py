@@ -127,7 +127,6 @@ def second_stage(config: DeliberateConfig, requests, candidate, make_branch, lat
     at its first token, as if they had been spawned with the others."""
     first: dict[int, list] = {}
     root_row: dict[int, int] = {}
-    limits = [r.max_tokens for r in requests]  # before a stop lowers them
 
     def follow_up(index: int, result: RowResult) -> list:
         if index in later:  # a second-stage row
@@ -143,8 +142,8 @@ def second_stage(config: DeliberateConfig, requests, candidate, make_branch, lat
         if not deferred or stage_decided([candidate(index, r) for r in rows], config):
             return []
         later[index], root_row[index] = len(deferred), root.row
-        r, limit = requests[index], limits[index]
-        return [(Request(r.prompt, r.seed, limit, r.penalties), make_branch(token)) for token, _ in deferred]
+        r = requests[index]
+        return [(Request(r.prompt, r.seed, r.max_tokens, r.penalties), make_branch(token)) for token, _ in deferred]
 
     return follow_up
 

@@ -170,7 +170,7 @@ class BatchEngine:
         """Let request `index`'s running rows take `more` tokens, then end."""
         for row in self.rows:
             if row.index == index:
-                row.request.max_tokens = len(row.result.tokens) + more
+                row.max_tokens = len(row.result.tokens) + more
 
     def step(self) -> list[Row]:
         """One step of every group that has rows or can admit; the rows that finished."""

@@ -99,6 +99,7 @@ class Row:
         self, index: int, request: Request, sampler: Sampler, number: int = 0, prefix_cache=None, prefix_len: int = 0
     ):
         self.index, self.request, self.sampler = index, request, sampler
+        self.max_tokens = request.max_tokens  # its own: a cancel or stop lowers it, never the caller's request
         self.prefix_cache, self.prefix_len = prefix_cache, prefix_len  # what its prompt starts from
         self.pooled = False  # its sampler goes back to the batch's pool when it finishes
         self.key = mx.random.key(request.seed)
@@ -127,7 +128,7 @@ class Row:
         depend on the batch."""
         at = self.split_point
         seed = (self.request.seed * 1_000_003 + (at + 1) * 65_537 + token + repeat * 7_919_993) % 2**63
-        request = Request(self.request.prompt, seed, self.request.max_tokens, self.request.penalties)
+        request = Request(self.request.prompt, seed, self.max_tokens, self.request.penalties)
         row = Row(self.index, request, sampler, number)
         res, mine = row.result, self.result
         res.tokens, res.logprobs = mine.tokens[:at], mine.logprobs[:at]
@@ -138,7 +139,7 @@ class Row:
             res.finish_reason = "eos"
             return row
         row._record(token, logprob, strategy, metrics)
-        if len(res.tokens) >= self.request.max_tokens:
+        if len(res.tokens) >= row.max_tokens:
             res.finish_reason = "length"
         return row
 
@@ -173,7 +174,7 @@ class Row:
         """Take `choice` (None: feed the queue). Returns the token to feed next;
         None when the row has finished or has advanced itself (then `own_cache`
         is set)."""
-        res, limit = self.result, self.request.max_tokens
+        res, limit = self.result, self.max_tokens
         self.spawn, self.eos = [], eos
         if choice is not None:
             res.thinking_insertions += bool(getattr(choice, "inserted", False))
