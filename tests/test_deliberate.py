@@ -4,6 +4,7 @@ is always a candidate, the budget holds, and runs reproduce."""
 
 import math
 
+import mlx.core as mx
 import pytest
 from conftest import make_tiny_model
 
@@ -14,7 +15,8 @@ from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling.branching import BranchSampler
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
-from entropix_mlx.sampling.samplers import GreedySampler
+from entropix_mlx.sampling.recorder import recording
+from entropix_mlx.sampling.samplers import GreedySampler, Step
 from entropix_mlx.sampling.selection import (
     Candidate,
     answer_scores,
@@ -289,6 +291,32 @@ def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, 
             assert r["tokens_spent"] == sum(c["own_tokens"] for c in cands) <= 6 * 5
         outs.append([(r["output"], r["tokens_spent"]) for r in records])
     assert outs[0] == outs[1]  # the batch does not change any answer
+
+
+def step_after(model, ids):
+    logits, scores = model(mx.array([ids]), None)
+    return Step(logits[0, -1], [s[0] for s in scores], [], model, None)
+
+
+def test_each_candidate_records_the_likeliest_tokens_at_every_step(model, tiny_tokenizer):
+    # eval's records: per generated token, the 3 likeliest tokens under the model (what
+    # `recording` gives any other sampler), also on a second stage's forced first token
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    for cfg in (
+        DeliberateConfig(first_alternatives=2, **WIDE),
+        DeliberateConfig(first_alternatives=2, first_stage=1, **WIDE),
+    ):
+        ((_, d, _),) = deliberate_batch(model, tiny_tokenizer, [Request(prompt, 0, 6)], cfg, alternatives=3)
+        for c in d.candidates:
+            assert len(c.top) == len(c.tokens) > 0
+            recorded = recording(GreedySampler(), 3)
+            for i, top in enumerate(c.top):
+                step = step_after(model, prompt + c.tokens[:i])
+                expected = recorded.choose(step, mx.random.key(0)).top
+                assert [t for t, _ in top] == [t for t, _ in expected]
+                assert [lp for _, lp in top] == pytest.approx(
+                    [lp for _, lp in expected], abs=6e-4
+                )  # kept to 3 decimals
 
 
 def test_continuation_scores_leave_out_the_forced_first_token(model, tiny_tokenizer):

@@ -33,7 +33,7 @@ import mlx.core as mx
 from ..errors import ConfigError
 from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
-from ..sampling.recorder import KEPT_ALTERNATIVES, recording
+from ..sampling.recorder import KEPT_ALTERNATIVES
 from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select
 from .engine import all_finished, by_request, forking_batch
@@ -75,7 +75,7 @@ def deliberate_batch(
     later: dict[int, int] = {}  # by request: the rows of its second stage
 
     def make_branch(first_token=None):
-        return recording(BranchSampler(config, spawns=False, first_token=first_token), alternatives)
+        return BranchSampler(config, spawns=False, first_token=first_token, top=alternatives)
 
     follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
 
@@ -83,7 +83,7 @@ def deliberate_batch(
         model,
         tokenizer,
         requests,
-        lambda: recording(BranchSampler(config), alternatives),
+        lambda: BranchSampler(config, top=alternatives),
         make_branch,
         batch_size,
         prefix,

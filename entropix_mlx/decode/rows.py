@@ -108,6 +108,7 @@ class Row:
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None  # set when the row's state lives outside the batch
         self.spawn: list = []  # (token, logprob, metrics) alternatives chosen this step
+        self.split_top: list = []  # the most likely tokens where they were chosen (Choice.top)
         if sampler is not None:  # else the engine gives it a pooled one
             sampler.reset()
 
@@ -138,7 +139,7 @@ class Row:
         if token in self.eos:
             res.finish_reason = "eos"
             return row
-        row._record(token, logprob, strategy, metrics)
+        row._record(token, logprob, strategy, metrics, top=self.split_top)
         if len(res.tokens) >= row.max_tokens:
             res.finish_reason = "length"
         return row
@@ -182,6 +183,7 @@ class Row:
             ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
             if choice.advanced is None and len(tokens) == 1:
                 self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
+                self.split_top = choice.top  # its branches' first token has the same alternatives
             if ends:  # the row's last tokens: recorded now, none of them needs a forward pass
                 for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):
                     if token in eos:

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
-from .metrics import attention_metrics, logits_entropy
+from .metrics import attention_metrics, fused_logprobs_entropy
 from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
 
@@ -17,13 +17,21 @@ class BranchSampler:
     (`spawns=True`) also proposes the alternatives that start branches; with
     `first_stage`, those past the first stage go to its first token's
     metrics["deferred"] instead, as (token, logprob). `first_token`: a later
-    stage's row, which takes that token first and then continues greedily."""
+    stage's row, which takes that token first and then continues greedily.
+    `top`: how many of the most likely tokens each choice records (`Choice.top`,
+    eval's records), taken from the candidates it ranks anyway."""
 
     name = "deliberate"
 
-    def __init__(self, config: DeliberateConfig | None = None, spawns: bool = True, first_token: int | None = None):
+    def __init__(
+        self,
+        config: DeliberateConfig | None = None,
+        spawns: bool = True,
+        first_token: int | None = None,
+        top: int = 0,
+    ):
         self.config = config or DeliberateConfig()
-        self.spawns, self.first_token = spawns, first_token
+        self.spawns, self.first_token, self.top = spawns, first_token, top
         self.reset()
 
     def reset(self):
@@ -34,8 +42,8 @@ class BranchSampler:
         c = self.config
         logits, _ = sanitize_logits(step.logits)
         logprobs = logits - mx.logsumexp(logits)
-        entropy, varentropy = logits_entropy(logits)
-        k = min(logprobs.shape[-1], max(2, c.first_alternatives + 1, c.alternatives + 1))
+        entropy, varentropy = fused_logprobs_entropy(logprobs)
+        k = min(logprobs.shape[-1], max(2, c.first_alternatives + 1, c.alternatives + 1, self.top))
         values, ids = top_candidates(logprobs, k)
         mx.eval(entropy, varentropy, values, ids)
         values, ids = values.tolist(), ids.tolist()
@@ -49,12 +57,14 @@ class BranchSampler:
             spawn, metrics["deferred"] = spawn[: c.first_stage], spawn[c.first_stage :]
         metrics["spawned"] = len(spawn)
         if self.first_token is not None and not step.tokens:
-            return Choice(
+            choice = Choice(
                 [self.first_token], "branch", [logprobs[self.first_token].item()], metrics, dict(GREEDY_PARAMS)
             )
-        return Choice(
-            [ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=[(t, lp, metrics) for t, lp in spawn]
-        )
+        else:
+            spawned = [(t, lp, metrics) for t, lp in spawn]
+            choice = Choice([ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=spawned)
+        choice.top = list(zip(ids[: self.top], values[: self.top], strict=True))
+        return choice
 
     def _alternatives(self, position: int, metrics: dict, values: list, ids: list, scores=None) -> list:
         """The branches to start here: (token, logprob) of the next most likely tokens."""

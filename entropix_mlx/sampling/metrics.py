@@ -31,7 +31,11 @@ def logits_entropy(logits: mx.array) -> tuple[mx.array, mx.array]:
     (bits^2, the variance of the surprisal -log2 p under p) of softmax(logits),
     over the last axis."""
     logits = logits.astype(mx.float32)
-    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return logprobs_entropy(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def logprobs_entropy(logp: mx.array) -> tuple[mx.array, mx.array]:
+    """`logits_entropy` of log-probabilities a caller has already normalized."""
     p, log2p = mx.exp(logp), logp * LOG2E
     # p * log2p is 0 * -inf = nan for masked (-inf) logits: count them as 0.
     plogp = mx.where(p > 0, p * log2p, 0.0)
@@ -90,6 +94,7 @@ def select_layers(n_layers: int, layers) -> list[int]:
 
 # Fixed shapes (vocabulary): compiled once, its element-wise ops fused.
 _logits_entropy = mx.compile(logits_entropy)
+fused_logprobs_entropy = mx.compile(logprobs_entropy)
 
 
 def step_metrics(logits: mx.array, scores, layers="all") -> dict[str, mx.array]:
