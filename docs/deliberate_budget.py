@@ -28,13 +28,20 @@ from entropix_mlx.eval.stats import sign_test
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_scores, select
 
+
 # Which of the wide run's candidates a setting keeps (the greedy answer always):
 # first-token alternatives (split 0) in the order of their probability, and
 # branches at uncertain positions later in the chain (split > 0).
+def first(n):
+    return lambda splits: [i for i, s in enumerate(splits) if s == 0][:n]
+
+
 SETS = {
-    "first 1": lambda splits: [i for i, s in enumerate(splits) if s == 0][:1],
-    "first 2 (the card)": lambda splits: [i for i, s in enumerate(splits) if s == 0][:2],
-    "first 4": lambda splits: [i for i, s in enumerate(splits) if s == 0][:4],
+    "first 1": first(1),
+    "first 2 (the card)": first(2),
+    "first 4": first(4),
+    "first 6": first(6),  # these two: from a cot_decoding run (--sampler cot_decoding), 9 first tokens
+    "first 9": first(9),
     "in-chain only": lambda splits: [i for i, s in enumerate(splits) if s > 0],
     "first 2 + in-chain": lambda splits: (
         [i for i, s in enumerate(splits) if s == 0][:2] + [i for i, s in enumerate(splits) if s > 0]
@@ -43,6 +50,7 @@ SETS = {
 }
 SELECTORS = [
     ("continuation_margin", 0.1),
+    ("max_margin", 0.0),  # CoT-decoding's own rule: the answer span's probability margin
     ("vote", 0.0),
     ("weighted_vote", 0.0),
     ("confidence_vote", 0.0),
@@ -116,7 +124,10 @@ def table(folder, tasks_file, cot, sampler="deliberate"):
     base_tokens = sum(greedy[r["index"]]["tokens"] for r in items) / len(items)
     print(f"{len(items)} items; greedy {100 * sum(base) / len(items):.1f}%, {base_tokens:.0f} tokens an answer")
     print(f"{'candidates':20} {'selector':24} {'stop':>5} {'acc':>6} {'W/L':>6} {'p':>6} {'tokens':>7} {'x greedy':>8}")
+    widest = max(sum(c["split"] == 0 for c in r["candidates"]) for r in items)
     for set_name, pick in SETS.items():
+        if set_name.startswith("first ") and int(set_name.split()[1]) > max(widest, 1):
+            continue  # the run has no such candidates: the row would repeat a narrower one
         for selector, margin in SELECTORS:
             for stop in STOPS if selector in VOTE_SELECTORS else (0.0,):
                 right, tokens = [], 0
@@ -138,7 +149,7 @@ def table(folder, tasks_file, cot, sampler="deliberate"):
             right, tokens = [], 0
             for r in items:
                 cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
-                keep = [0] + [1 + i for i in SETS["first 4"]([c.split for c in cs[1:]])][:rest]
+                keep = [0] + [1 + i for i in first(4)([c.split for c in cs[1:]])][:rest]
                 chosen, spent = staged([cs[i] for i in keep], first, selector)
                 right.append(right_of[(r["index"], chosen.row)])
                 tokens += spent
