@@ -32,20 +32,22 @@ from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_sc
 # Which of the wide run's candidates a setting keeps (the greedy answer always):
 # first-token alternatives (split 0) in the order of their probability, and
 # branches at uncertain positions later in the chain (split > 0).
-def first(n):
+def first_tokens(n):
     return lambda splits: [i for i, s in enumerate(splits) if s == 0][:n]
 
 
+def in_chain(splits):
+    return [i for i, s in enumerate(splits) if s > 0]
+
+
 SETS = {
-    "first 1": first(1),
-    "first 2 (the card)": first(2),
-    "first 4": first(4),
-    "first 6": first(6),  # these two: from a cot_decoding run (--sampler cot_decoding), 9 first tokens
-    "first 9": first(9),
-    "in-chain only": lambda splits: [i for i, s in enumerate(splits) if s > 0],
-    "first 2 + in-chain": lambda splits: (
-        [i for i, s in enumerate(splits) if s == 0][:2] + [i for i, s in enumerate(splits) if s > 0]
-    ),
+    "first 1": first_tokens(1),
+    "first 2 (the card)": first_tokens(2),
+    "first 4": first_tokens(4),
+    "first 6": first_tokens(6),  # these two: from a cot_decoding run (--sampler cot_decoding), 9 first tokens
+    "first 9": first_tokens(9),
+    "in-chain only": in_chain,
+    "first 2 + in-chain": lambda splits: first_tokens(2)(splits) + in_chain(splits),
     "all": lambda splits: list(range(len(splits))),
 }
 SELECTORS = [
@@ -149,7 +151,7 @@ def table(folder, tasks_file, cot, sampler="deliberate"):
             right, tokens = [], 0
             for r in items:
                 cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
-                keep = [0] + [1 + i for i in first(4)([c.split for c in cs[1:]])][:rest]
+                keep = [0] + [1 + i for i in first_tokens(4)([c.split for c in cs[1:]])][:rest]
                 chosen, spent = staged([cs[i] for i in keep], first, selector)
                 right.append(right_of[(r["index"], chosen.row)])
                 tokens += spent
