@@ -302,6 +302,7 @@ def test_each_candidate_records_the_likeliest_tokens_at_every_step(model, tiny_t
     # eval's records: per generated token, the 3 likeliest tokens under the model (what
     # `recording` gives any other sampler), also on a second stage's forced first token
     prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    recorded = recording(GreedySampler(), 3)
     for cfg in (
         DeliberateConfig(first_alternatives=2, **WIDE),
         DeliberateConfig(first_alternatives=2, first_stage=1, **WIDE),
@@ -309,14 +310,11 @@ def test_each_candidate_records_the_likeliest_tokens_at_every_step(model, tiny_t
         ((_, d, _),) = deliberate_batch(model, tiny_tokenizer, [Request(prompt, 0, 6)], cfg, alternatives=3)
         for c in d.candidates:
             assert len(c.top) == len(c.tokens) > 0
-            recorded = recording(GreedySampler(), 3)
             for i, top in enumerate(c.top):
-                step = step_after(model, prompt + c.tokens[:i])
-                expected = recorded.choose(step, mx.random.key(0)).top
+                expected = recorded.choose(step_after(model, prompt + c.tokens[:i]), mx.random.key(0)).top
                 assert [t for t, _ in top] == [t for t, _ in expected]
-                assert [lp for _, lp in top] == pytest.approx(
-                    [lp for _, lp in expected], abs=6e-4
-                )  # kept to 3 decimals
+                # the candidate keeps its log-probabilities to 3 decimals
+                assert [lp for _, lp in top] == pytest.approx([lp for _, lp in expected], abs=6e-4)
 
 
 def test_continuation_scores_leave_out_the_forced_first_token(model, tiny_tokenizer):
