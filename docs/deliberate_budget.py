@@ -73,14 +73,14 @@ def candidate(c, k) -> Candidate:
     return Candidate(**fields)
 
 
-def replay(cands: list[Candidate], selector, margin, stop_share, temperature=0.1, window=16):
+def replay(cands: list[Candidate], selector, margin, stop_share, clean, temperature=0.1, window=16):
     """(index chosen, tokens spent) with early stopping at `stop_share` (0: off)."""
     spent = [c.own_tokens for c in cands]
     if stop_share > 0:
         ended = []
         for i in sorted(range(len(cands)), key=lambda i: (len(cands[i].tokens), i)):
             c = cands[i]
-            if c.answer is not None and c.flaw("loop_or_length") is None:
+            if c.answer is not None and c.flaw(clean) is None:
                 ended.append(c)
             votes = answer_scores(ended, selector, temperature, window) if len(ended) >= 2 else {}
             if votes and max(votes.values()) >= stop_share * sum(votes.values()):
@@ -99,22 +99,22 @@ def replay(cands: list[Candidate], selector, margin, stop_share, temperature=0.1
                 cands = [cands[j] for j in kept]
                 spent = [spent[j] for j in kept]
                 break
-    chosen, _, _ = select(cands, selector, margin, "loop_or_length", temperature, window)
+    chosen, _, _ = select(cands, selector, margin, clean, temperature, window)
     return cands[chosen], sum(spent)
 
 
-def staged(cands: list[Candidate], first: int, selector, temperature=0.1, window=16):
+def staged(cands: list[Candidate], first: int, selector, clean, temperature=0.1, window=16):
     """Candidates started one stage after another: the greedy answer and `first`
     alternatives; the rest start only when those did not all end cleanly with one
     answer. (index chosen, tokens spent)."""
     opening = cands[: 1 + first]
-    if stage_decided(opening, DeliberateConfig(clean_first="loop_or_length")):
+    if stage_decided(opening, DeliberateConfig(clean_first=clean)):
         cands = opening
-    chosen, _, _ = select(cands, selector, 0.0, "loop_or_length", temperature, window)
+    chosen, _, _ = select(cands, selector, 0.0, clean, temperature, window)
     return cands[chosen], sum(c.own_tokens for c in cands)
 
 
-def table(folder, tasks_file, cot, sampler="deliberate"):
+def table(folder, tasks_file, cot, sampler="deliberate", clean="loop_or_length"):
     tasks = {t.index: t for t in load_tasks(tasks_file)}
     greedy, items = records(folder, sampler)
     items = [r for r in items if r["index"] in greedy]
@@ -136,7 +136,7 @@ def table(folder, tasks_file, cot, sampler="deliberate"):
                 for r in items:
                     cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
                     keep = [0] + [1 + i for i in pick([c.split for c in cs[1:]])]
-                    chosen, spent = replay([cs[i] for i in keep], selector, margin, stop)
+                    chosen, spent = replay([cs[i] for i in keep], selector, margin, stop, clean)
                     right.append(right_of[(r["index"], chosen.row)])
                     tokens += spent
                 row(
@@ -152,7 +152,7 @@ def table(folder, tasks_file, cot, sampler="deliberate"):
             for r in items:
                 cs = [candidate(c, k) for k, c in enumerate(r["candidates"])]
                 keep = [0] + [1 + i for i in first_tokens(4)([c.split for c in cs[1:]])][:rest]
-                chosen, spent = staged([cs[i] for i in keep], first, selector)
+                chosen, spent = staged([cs[i] for i in keep], first, selector, clean)
                 right.append(right_of[(r["index"], chosen.row)])
                 tokens += spent
             name = f"staged {first}, then {rest}"
@@ -174,5 +174,6 @@ if __name__ == "__main__":
     parser.add_argument("tasks", help="the eval's task file")
     parser.add_argument("--cot", action="store_true", help="the eval ran with --cot")
     parser.add_argument("--sampler", default="deliberate", help="the wide run's sampler name in the folder")
+    parser.add_argument("--clean-first", default="loop_or_length", help="which candidates lose to a clean one")
     args = parser.parse_args()
-    table(args.folder, args.tasks, args.cot, args.sampler)
+    table(args.folder, args.tasks, args.cot, args.sampler, args.clean_first)

@@ -415,7 +415,7 @@ def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
             "confidence_vote",
             0.0,
         )
-        assert cfg.clean_first == "loop_or_length" and cfg.budget == 6.0  # the rest is the card's
+        assert cfg.clean_first == "length" and cfg.budget == 6.0  # the rest is the card's
     assert {"deliberate_narrow", "deliberate_wide", "deliberate_staged"} <= set(EVAL_SAMPLER_NAMES)
 
 

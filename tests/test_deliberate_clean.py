@@ -104,3 +104,14 @@ def test_the_bundled_model_never_keeps_a_loop(smollm, prompt):
     before = select(d.candidates, config.selector, config.margin, clean_first="off")[0]
     if prompt.startswith("Write a haiku"):  # the failure this rule fixes: the old rule kept greedy's loop
         assert before == 0 and d.candidates[0].loop >= LOOP_ALERT and d.chosen != 0
+
+
+def test_the_length_rule_trusts_an_answer_that_ended_whatever_it_repeats():
+    # "12,000 + 2,000 + 150,000" repeats "2,000 + " back to back: 14 of Qwen's digit tokens
+    cands = [cand("118000", None, logprob=-0.1, loop=14), cand("150000", logprob=-0.3)]
+    chosen, reason, _ = select(cands, "confidence_vote", 0.0, clean_first="loop_or_length")
+    assert chosen == 1 and "loops" in reason
+    assert select(cands, "confidence_vote", 0.0, clean_first="length")[0] == 0  # both clean: the vote decides
+    cut = [cand("9", None, logprob=-0.1, finish="length", loop=40), cand("7", logprob=-2.0)]
+    chosen, reason, _ = select(cut, "continuation_margin", 0.1, clean_first="length")
+    assert chosen == 1 and "length limit" in reason

@@ -20,9 +20,11 @@ VOTE_NAMES = tuple(VOTE_PRESETS)
 # table with these fields replaced (docs/deliberate.md, "Per token spent"). The budgets vote
 # by confidence over the greedy answer and 1 or 4 first-token alternatives; no early stop,
 # which saves nothing with two candidates and cost the wide set answers on dev. The staged
-# one starts the last 3 of the wide set only when the first two disagree.
+# one starts the last 3 of the wide set only when the first two disagree. Their answers are
+# chains of thought, which repeat numbers on purpose: only an answer cut off by the limit
+# loses to one that ended (`length`; the same choices on dev as `loop_or_length`).
 _FIRST_TOKEN_VOTE = dict(
-    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="loop_or_length", stop_share=0.0
+    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
 )
 DELIBERATE_RULES = {
     "deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0),

@@ -26,7 +26,7 @@ SELECTORS = (
     "continuation_margin",
 )
 
-CLEAN_RULES = ("off", "loop", "loop_or_length")
+CLEAN_RULES = ("off", "loop", "loop_or_length", "length")
 
 GATES = ("logits", "attention")
 
