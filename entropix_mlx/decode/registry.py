@@ -22,7 +22,7 @@ VOTE_NAMES = tuple(VOTE_PRESETS)
 # which saves nothing with two candidates and cost the wide set answers on dev. The staged
 # one starts the last 3 of the wide set only when the first two disagree. Their answers are
 # chains of thought, which repeat numbers on purpose: only an answer cut off by the limit
-# loses to one that ended (`length`; the same choices on dev as `loop_or_length`).
+# loses to one that ended (`length`).
 _FIRST_TOKEN_VOTE = dict(
     max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
 )

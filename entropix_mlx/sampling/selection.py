@@ -45,7 +45,7 @@ class Candidate:
         # A chain of thought repeats on purpose ("12,000 + 2,000 + " is 14 of Qwen's
         # digit tokens); "length" trusts an answer that ended on its own, since a
         # loop that takes over runs into the limit.
-        if rule != "length" and self.loop >= LOOP_ALERT:
+        if rule in ("loop", "loop_or_length") and self.loop >= LOOP_ALERT:
             return f"loops ({self.loop} tokens)"
         if rule in ("loop_or_length", "length") and self.finish_reason == "length":
             return "ran into the length limit"
