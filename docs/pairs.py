@@ -14,15 +14,15 @@ import json
 from pathlib import Path
 
 from entropix_mlx.eval import load_tasks
-from entropix_mlx.eval.summary import VOTE_NAME, compare, rescored, split_label, vote_records
+from entropix_mlx.eval.summary import compare, rescored, split_label, vote_k, vote_records
 
 
 def row_records(spec: str, tasks: dict, cot: bool) -> dict[int, dict]:
     """{item index: the row's record, scored by this code's extractor}."""
     folder, _, row = spec.partition(":")
     name = split_label(row)[0]
-    votes = name.split(" k=")[0] in VOTE_NAME.values()
-    source = "self_consistency" if votes else name  # both vote rows come from one run's samples
+    k = vote_k(name)
+    source = "self_consistency" if k else name  # both vote rows come from one run's samples
     settings = json.loads((Path(folder) / "config.json").read_text())["samplers"].get(source, {})
     out = {}
     for line in open(Path(folder) / "items.jsonl"):
@@ -30,8 +30,7 @@ def row_records(spec: str, tasks: dict, cot: bool) -> dict[int, dict]:
         if r["sampler"] != source or r["seed"] != 0 or r["index"] not in tasks:
             continue
         task = tasks[r["index"]]
-        if votes:
-            k = int(name.split(" k=")[1])
+        if k:
             out[r["index"]] = vote_records(r, task, cot, [k], settings)[name]
         else:
             out[r["index"]] = rescored(r, task, cot)

@@ -220,3 +220,12 @@ def test_nucleus_keeps_what_mlx_lms_top_p_keeps(spread, top_p):
     kept, expected = nucleus(logprobs, top_p) > -mx.inf, apply_top_p(logprobs, top_p) > -mx.inf
     assert mx.array_equal(kept, expected).item()
     assert 0 < kept.sum().item() < 50_000
+
+
+def test_vote_rows_are_told_from_other_rows_by_name():
+    from entropix_mlx.eval.summary import split_label, vote_k
+
+    assert vote_k("self_consistency k=4") == 4 and vote_k("cisc k=12") == 12
+    assert vote_k(split_label("cisc k=2@768")[0]) == 2
+    for other in ("greedy", "deliberate", "deliberate k=4", "self_consistency", "cisc k=", "cisc k=4 (seed 2)"):
+        assert vote_k(other) is None

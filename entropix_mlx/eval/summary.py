@@ -38,6 +38,12 @@ def split_label(label: str) -> tuple[str, int | None]:
     return (name, int(budget)) if at and budget.isdigit() else (label, None)
 
 
+def vote_k(name: str) -> int | None:
+    """4 from "self_consistency k=4" or "cisc k=4"; None for any other row."""
+    method, sep, k = name.partition(" k=")
+    return int(k) if sep and method in VOTE_NAME.values() and k.isdigit() else None
+
+
 def with_budget(name: str, budget: int | None) -> str:
     return f"{name}@{budget}" if budget is not None else name
 
@@ -107,8 +113,8 @@ def matched_vote_rows(table: dict, summaries: dict) -> set[str]:
     """The vote rows to report: k' a power of two or k, and for each other row
     the k' whose mean generated tokens come closest to that row's."""
     keep = set()
-    vote_rows = {r for r in table if split_label(r)[0].startswith(tuple(f"{v} k=" for v in VOTE_NAME.values()))}
-    ks = {r: int(split_label(r)[0].split("k=")[1]) for r in vote_rows}
+    ks = {r: vote_k(split_label(r)[0]) for r in table if vote_k(split_label(r)[0])}
+    vote_rows = set(ks)
     for r in vote_rows:
         k = ks[r]
         if k & (k - 1) == 0 or k == max(ks.values()):
@@ -204,7 +210,7 @@ def summarize_rows(records: dict, tasks: list, config, settings: dict | None = N
     table = row_table(records, tasks, config, settings or {})
     summaries = {row: row_summary(runs, indices, tasks) for row, runs in table.items()}
     keep = matched_vote_rows(table, summaries)
-    order = [r for r in table if r in keep or not split_label(r)[0].startswith(("self_consistency k=", "cisc k="))]
+    order = [r for r in table if r in keep or vote_k(split_label(r)[0]) is None]
     summaries = {r: summaries[r] for r in order}
     shares = {r: share_correct(table[r], indices) for r in order}
     for row, s in summaries.items():
