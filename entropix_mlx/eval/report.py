@@ -85,9 +85,9 @@ def plot(results: dict, path) -> None:
         base, budget = split_label(name)
         x, y = s.get("tokens_generated", s["mean_tokens"]), 100 * s["accuracy"]
         err = [[y - 100 * s["ci95"][0]], [100 * s["ci95"][1] - y]]
-        if vote_k(base):  # a vote row: a point of its method's curve
+        if k := vote_k(base):  # a vote row: a point of its method's curve
             method = base.partition(" k=")[0] + (f" @{budget}" if budget else "")
-            curves.setdefault(method, []).append((x, y, err, str(vote_k(base))))
+            curves.setdefault(method, []).append((x, y, err, str(k)))
             continue
         ax.errorbar([x], [y], yerr=err, fmt="o", capsize=4, label=name)
     for method, points in curves.items():

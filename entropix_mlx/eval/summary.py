@@ -113,7 +113,7 @@ def matched_vote_rows(table: dict, summaries: dict) -> set[str]:
     """The vote rows to report: k' a power of two or k, and for each other row
     the k' whose mean generated tokens come closest to that row's."""
     keep = set()
-    ks = {r: vote_k(split_label(r)[0]) for r in table if vote_k(split_label(r)[0])}
+    ks = {r: k for r in table if (k := vote_k(split_label(r)[0]))}
     vote_rows = set(ks)
     for r in vote_rows:
         k = ks[r]
