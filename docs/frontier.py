@@ -4,7 +4,8 @@ settings chosen since, whose rows would otherwise sit on two charts.
 
     python docs/frontier.py OUT.png DIR[=SUFFIX] DIR[=SUFFIX] ... [--name ROW=LABEL ...]
 
-Each folder's results.json must cover the same items; a sampler name that is in
+DIR is an `eval --out` folder (its results.json: the last run's rows) or the file an
+`eval --json` run wrote, for runs that shared one folder. Each must cover the same items; a sampler name that is in
 an earlier folder too gets the folder's SUFFIX (default: the folder's name) so
 both rows show (`--name` relabels a row). Greedy is drawn once, from the first folder; Holm's correction
 runs again over all the rows.
@@ -22,7 +23,8 @@ def merged(folders: list[str]) -> dict:
     out = None
     for spec in folders:
         folder, _, suffix = spec.partition("=")
-        results = json.loads((Path(folder) / "results.json").read_text())
+        path = Path(folder)
+        results = json.loads((path if path.is_file() else path / "results.json").read_text())
         if out is None:
             out = {**results, "samplers": dict(results["samplers"])}
             continue
@@ -31,7 +33,11 @@ def merged(folders: list[str]) -> dict:
         for name, s in results["samplers"].items():
             if name == "greedy":
                 continue
-            label = f"{name} ({suffix or Path(folder).name})" if name in out["samplers"] else name
+            label = (
+                f"{name} ({suffix or (path.stem if path.is_file() else path.name)})"
+                if name in out["samplers"]
+                else name
+            )
             out["samplers"][label] = s
     # Holm's correction over every row compared with greedy, across the folders
     rows = {n: s["vs_greedy"] for n, s in out["samplers"].items() if "vs_greedy" in s}
@@ -43,7 +49,7 @@ def merged(folders: list[str]) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("png")
-    parser.add_argument("folders", nargs="+", help="eval --out folders, each DIR or DIR=SUFFIX")
+    parser.add_argument("folders", nargs="+", help="eval --out folders or --json files, each DIR or DIR=SUFFIX")
     parser.add_argument("--name", action="append", default=[], help="ROW=LABEL: the row's label in the chart")
     args = parser.parse_args()
     results = merged(args.folders)
