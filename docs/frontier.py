@@ -4,11 +4,12 @@ settings chosen since, whose rows would otherwise sit on two charts.
 
     python docs/frontier.py OUT.png DIR[=SUFFIX] DIR[=SUFFIX] ... [--name ROW=LABEL ...]
 
-DIR is an `eval --out` folder (its results.json: the last run's rows) or the file an
-`eval --json` run wrote, for runs that shared one folder. Each must cover the same items; a sampler name that is in
-an earlier folder too gets the folder's SUFFIX (default: the folder's name) so
-both rows show (`--name` relabels a row). Greedy is drawn once, from the first folder; Holm's correction
-runs again over all the rows.
+DIR is an `eval --out` folder (its results.json: the last run's rows) or the file
+an `eval --json` run wrote, for runs that shared one folder. Each must cover the
+same items; a sampler name that is in an earlier folder too gets the folder's
+SUFFIX (default: the folder's name) so both rows show (`--name` relabels a row).
+Greedy is drawn once, from the first folder; Holm's correction runs again over
+all the rows.
 """
 
 import argparse
