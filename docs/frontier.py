@@ -25,7 +25,10 @@ def merged(folders: list[str]) -> dict:
     for spec in folders:
         folder, _, suffix = spec.partition("=")
         path = Path(folder)
-        results = json.loads((path if path.is_file() else path / "results.json").read_text())
+        if path.is_file():  # an `eval --json` output
+            results, name_of_source = json.loads(path.read_text()), path.stem
+        else:
+            results, name_of_source = json.loads((path / "results.json").read_text()), path.name
         if out is None:
             out = {**results, "samplers": dict(results["samplers"])}
             continue
@@ -34,11 +37,7 @@ def merged(folders: list[str]) -> dict:
         for name, s in results["samplers"].items():
             if name == "greedy":
                 continue
-            label = (
-                f"{name} ({suffix or (path.stem if path.is_file() else path.name)})"
-                if name in out["samplers"]
-                else name
-            )
+            label = f"{name} ({suffix or name_of_source})" if name in out["samplers"] else name
             out["samplers"][label] = s
     # Holm's correction over every row compared with greedy, across the folders
     rows = {n: s["vs_greedy"] for n, s in out["samplers"].items() if "vs_greedy" in s}
