@@ -1,5 +1,6 @@
 """Docs that cannot drift from the code: every command and option of `--help`
-is in docs/cli.md, and the README lists every doc."""
+is in docs/cli.md, the README lists every doc, and a preset written out as a
+--config table matches the preset."""
 
 import re
 from pathlib import Path
@@ -87,3 +88,15 @@ def test_the_readmes_speed_figures_come_from_docs_speed():
     assert len(figures) > 20
     missing = sorted(f for f in figures if f not in speed)
     assert not missing, f"README speed figures not on docs/speed.md: {missing}"
+
+
+def test_the_staged_config_in_docs_is_the_preset():
+    """docs/deliberate.md gives run/chat/serve the deliberate_staged preset as a --config table."""
+    import tomllib
+
+    from entropix_mlx.decode.registry import DELIBERATE_RULES
+
+    doc = (ROOT / "docs" / "deliberate.md").read_text()
+    block = re.search(r"```toml\n(\[deliberate\]\s+# deliberate_staged\n.*?)```", doc, re.S)
+    assert block, "docs/deliberate.md has no [deliberate] table for deliberate_staged"
+    assert tomllib.loads(block.group(1))["deliberate"] == DELIBERATE_RULES["deliberate_staged"]
