@@ -1,0 +1,86 @@
+"""Keep an `eval --out` folder in the repository, and bring it back to resume.
+
+The figures in docs/evaluation.md come from runs that take longer than one working
+session, on machines that do not keep files between sessions. `pack` writes a folder's
+records to docs/records/NAME/ (items.jsonl.gz, config.json, scoring_log.jsonl) without
+the question texts, which are the data set's and not ours to ship; `unpack` puts them
+back from the task file, so that `eval --out` resumes the run or re-scores it.
+
+    python scripts/run_records.py pack runs/q15 docs/records/q15
+    python scripts/run_records.py unpack docs/records/q15 runs/q15 ../shared/data/gsm8k_test.jsonl
+"""
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from entropix_mlx.eval.tasks import load_tasks  # noqa: E402
+
+KEPT_FILES = ("config.json", "scoring_log.jsonl")
+
+
+def pack(run_dir: Path, dest: Path) -> int:
+    dest.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for line in (run_dir / "items.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interruption: that item runs again
+        record.pop("question", None)
+        lines.append(json.dumps(record) + "\n")
+    # mtime 0: the same records give the same bytes, so git stores an unchanged file once.
+    with open(dest / "items.jsonl.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write("".join(lines).encode())
+    for name in KEPT_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, dest / name)
+    return len(lines)
+
+
+def unpack(src: Path, run_dir: Path, tasks_file: Path) -> int:
+    questions = {task.index: task.question for task in load_tasks(tasks_file)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "items.jsonl").exists():
+        raise SystemExit(f"{run_dir} already holds records; unpack into a new folder")
+    lines = []
+    with gzip.open(src / "items.jsonl.gz", "rt") as f:
+        for line in f:
+            record = json.loads(line)
+            if record["index"] not in questions:
+                raise SystemExit(f"{tasks_file} has no item {record['index']}; give the task file the run used")
+            lines.append(json.dumps({**record, "question": questions[record["index"]]}) + "\n")
+    (run_dir / "items.jsonl").write_text("".join(lines))
+    for name in KEPT_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, run_dir / name)
+    return len(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="an eval --out folder into the repository")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("dest", type=Path)
+    u = sub.add_parser("unpack", help="records from the repository into an eval --out folder")
+    u.add_argument("src", type=Path)
+    u.add_argument("run_dir", type=Path)
+    u.add_argument("tasks_file", type=Path)
+    args = parser.parse_args()
+    if args.command == "pack":
+        n = pack(args.run_dir, args.dest)
+        print(f"{n} records from {args.run_dir} into {args.dest}")
+    else:
+        n = unpack(args.src, args.run_dir, args.tasks_file)
+        print(f"{n} records from {args.src} into {args.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""scripts/run_records.py: an eval folder kept in the repository without the data set's
+questions, and brought back so that eval resumes from it."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from entropix_mlx.eval.store import ResultStore, digest
+from entropix_mlx.eval.tasks import load_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("run_records", ROOT / "scripts" / "run_records.py")
+run_records = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_records)
+
+IDENTITY = {"model": "m", "max_tokens": 8, "prompt_version": 1, "split": "test", "samplers": {"greedy": {}}}
+
+
+@pytest.fixture
+def run(tmp_path):
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text(
+        "".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(3))
+    )
+    tasks = load_tasks(tasks_file)
+    prompts = [[1, 2, 3 + t.index] for t in tasks]
+    out = tmp_path / "run"
+    store = ResultStore(out, IDENTITY)
+    for task, prompt in zip(tasks[:2], prompts, strict=False):
+        store.add(
+            {
+                "sampler": "greedy",
+                "seed": 0,
+                "index": task.index,
+                "question": task.question,
+                "prompt_sha256": digest(prompt),
+                "correct": True,
+                "output": "Answer: 2",
+                "logprobs": [-0.5],
+            }
+        )
+    store.log_scoring({"items": "0-1", "rows": ["greedy"]})
+    with open(out / "items.jsonl", "a") as f:
+        f.write('{"sampler": "greedy", "se')  # an interrupted write
+    return tasks_file, tasks, prompts, out
+
+
+def test_packed_records_hold_no_question_and_unpack_to_a_folder_eval_resumes(run, tmp_path):
+    tasks_file, tasks, prompts, out = run
+    kept = tmp_path / "docs" / "records" / "r"
+    assert run_records.pack(out, kept) == 2
+    packed = gzip.open(kept / "items.jsonl.gz", "rt").read()
+    assert "What is" not in packed and '"output": "Answer: 2"' in packed
+    assert (kept / "scoring_log.jsonl").read_text() == (out / "scoring_log.jsonl").read_text()
+
+    back = tmp_path / "back"
+    assert run_records.unpack(kept, back, tasks_file) == 2
+    resumed = ResultStore(back, IDENTITY)
+    resumed.check_items(tasks, prompts)  # raises if a question or prompt differs
+    assert resumed.records == ResultStore(out, IDENTITY).records
+    assert sorted(i for _, _, i in resumed.records) == [0, 1]
+
+
+def test_packing_twice_gives_the_same_bytes(run, tmp_path):
+    _, _, _, out = run
+    run_records.pack(out, tmp_path / "a")
+    run_records.pack(out, tmp_path / "b")
+    assert (tmp_path / "a" / "items.jsonl.gz").read_bytes() == (tmp_path / "b" / "items.jsonl.gz").read_bytes()
+
+
+def test_unpack_refuses_a_folder_with_records_or_another_task_file(run, tmp_path):
+    tasks_file, _, _, out = run
+    kept = tmp_path / "kept"
+    run_records.pack(out, kept)
+    with pytest.raises(SystemExit, match="already holds records"):
+        run_records.unpack(kept, out, tasks_file)
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"question": "What is 0 + 0?", "answer": "0"}) + "\n")
+    with pytest.raises(SystemExit, match="has no item 1"):
+        run_records.unpack(kept, tmp_path / "other", short)
