@@ -2,9 +2,11 @@
 
 The figures in docs/evaluation.md come from runs that take longer than one working
 session, on machines that do not keep files between sessions. `pack` writes a folder's
-records to docs/records/NAME/ (items.jsonl.gz, config.json, scoring_log.jsonl) without
-the question texts, which are the data set's and not ours to ship; `unpack` puts them
-back from the task file, so that `eval --out` resumes the run or re-scores it.
+records to docs/records/NAME/ (config.json, scoring_log.jsonl and the records as gzipped
+parts) without the question texts, which are the data set's and not ours to ship; `unpack`
+puts them back from the task file, so that `eval --out` resumes the run or re-scores it.
+Each `pack` adds a part holding only the records the earlier parts lack, so the
+repository's history holds each record once however often a growing run is packed.
 
     python scripts/run_records.py pack runs/q15 docs/records/q15
     python scripts/run_records.py unpack docs/records/q15 runs/q15 ../shared/data/gsm8k_test.jsonl
@@ -24,22 +26,43 @@ from entropix_mlx.eval.tasks import load_tasks  # noqa: E402
 KEPT_FILES = ("config.json", "scoring_log.jsonl")
 
 
+def key(record: dict) -> tuple:
+    return record["sampler"], record["seed"], record["index"]
+
+
+def parts(folder: Path) -> list[Path]:
+    return sorted(folder.glob("items-*.jsonl.gz"))
+
+
+def packed_records(folder: Path) -> list[dict]:
+    records = []
+    for part in parts(folder):
+        with gzip.open(part, "rt") as f:
+            records += [json.loads(line) for line in f]
+    return records
+
+
 def pack(run_dir: Path, dest: Path) -> int:
+    """Add the records of `run_dir` that `dest` lacks as a new part; how many."""
     dest.mkdir(parents=True, exist_ok=True)
+    have = {key(r) for r in packed_records(dest)}
     lines = []
     for line in (run_dir / "items.jsonl").read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by an interruption: that item runs again
-        record.pop("question", None)
-        lines.append(json.dumps(record) + "\n")
-    # mtime 0: the same records give the same bytes, so git stores an unchanged file once.
-    with open(dest / "items.jsonl.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-        f.write("".join(lines).encode())
+        if key(record) not in have:
+            record.pop("question", None)
+            lines.append(json.dumps(record) + "\n")
     for name in KEPT_FILES:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, dest / name)
+    if lines:
+        part = dest / f"items-{len(parts(dest)) + 1:03d}.jsonl.gz"
+        # mtime 0: the same records give the same bytes.
+        with open(part, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write("".join(lines).encode())
     return len(lines)
 
 
@@ -49,12 +72,10 @@ def unpack(src: Path, run_dir: Path, tasks_file: Path) -> int:
     if (run_dir / "items.jsonl").exists():
         raise SystemExit(f"{run_dir} already holds records; unpack into a new folder")
     lines = []
-    with gzip.open(src / "items.jsonl.gz", "rt") as f:
-        for line in f:
-            record = json.loads(line)
-            if record["index"] not in questions:
-                raise SystemExit(f"{tasks_file} has no item {record['index']}; give the task file the run used")
-            lines.append(json.dumps({**record, "question": questions[record["index"]]}) + "\n")
+    for record in packed_records(src):
+        if record["index"] not in questions:
+            raise SystemExit(f"{tasks_file} has no item {record['index']}; give the task file the run used")
+        lines.append(json.dumps({**record, "question": questions[record["index"]]}) + "\n")
     (run_dir / "items.jsonl").write_text("".join(lines))
     for name in KEPT_FILES:
         if (src / name).is_file():

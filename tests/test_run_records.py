@@ -52,7 +52,7 @@ def test_packed_records_hold_no_question_and_unpack_to_a_folder_eval_resumes(run
     tasks_file, tasks, prompts, out = run
     kept = tmp_path / "docs" / "records" / "r"
     assert run_records.pack(out, kept) == 2
-    packed = gzip.open(kept / "items.jsonl.gz", "rt").read()
+    packed = gzip.open(kept / "items-001.jsonl.gz", "rt").read()
     assert "What is" not in packed and '"output": "Answer: 2"' in packed
     assert (kept / "scoring_log.jsonl").read_text() == (out / "scoring_log.jsonl").read_text()
 
@@ -64,11 +64,32 @@ def test_packed_records_hold_no_question_and_unpack_to_a_folder_eval_resumes(run
     assert sorted(i for _, _, i in resumed.records) == [0, 1]
 
 
-def test_packing_twice_gives_the_same_bytes(run, tmp_path):
-    _, _, _, out = run
-    run_records.pack(out, tmp_path / "a")
-    run_records.pack(out, tmp_path / "b")
-    assert (tmp_path / "a" / "items.jsonl.gz").read_bytes() == (tmp_path / "b" / "items.jsonl.gz").read_bytes()
+def test_a_growing_run_packs_each_record_once(run, tmp_path):
+    tasks_file, tasks, prompts, out = run
+    kept = tmp_path / "kept"
+    assert run_records.pack(out, kept) == 2
+    first = (kept / "items-001.jsonl.gz").read_bytes()
+    assert run_records.pack(out, kept) == 0 and sorted(p.name for p in kept.iterdir() if "items" in p.name) == [
+        "items-001.jsonl.gz"
+    ]
+    store = ResultStore(out, IDENTITY)
+    store.add(
+        {
+            "sampler": "greedy",
+            "seed": 0,
+            "index": 2,
+            "question": tasks[2].question,
+            "prompt_sha256": digest(prompts[2]),
+            "correct": False,
+            "output": "Answer: 5",
+        }
+    )
+    assert run_records.pack(out, kept) == 1
+    assert (kept / "items-001.jsonl.gz").read_bytes() == first
+    assert gzip.open(kept / "items-002.jsonl.gz", "rt").read().count("\n") == 1
+    back = tmp_path / "back"
+    assert run_records.unpack(kept, back, tasks_file) == 3
+    assert ResultStore(back, IDENTITY).records == ResultStore(out, IDENTITY).records
 
 
 def test_unpack_refuses_a_folder_with_records_or_another_task_file(run, tmp_path):
