@@ -44,6 +44,8 @@ def packed_records(folder: Path) -> list[dict]:
 
 def pack(run_dir: Path, dest: Path) -> int:
     """Add the records of `run_dir` that `dest` lacks as a new part; how many."""
+    if not (run_dir / "items.jsonl").is_file():
+        raise SystemExit(f"{run_dir} holds no items.jsonl; give the folder an eval wrote with --out")
     dest.mkdir(parents=True, exist_ok=True)
     have = {key(r) for r in packed_records(dest)}
     lines = []
@@ -67,6 +69,8 @@ def pack(run_dir: Path, dest: Path) -> int:
 
 
 def unpack(src: Path, run_dir: Path, tasks_file: Path) -> int:
+    if not parts(src):
+        raise SystemExit(f"{src} holds no packed records (items-*.jsonl.gz); give a folder `pack` wrote")
     questions = {task.index: task.question for task in load_tasks(tasks_file)}
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "items.jsonl").exists():

@@ -92,7 +92,7 @@ def test_a_growing_run_packs_each_record_once(run, tmp_path):
     assert ResultStore(back, IDENTITY).records == ResultStore(out, IDENTITY).records
 
 
-def test_unpack_refuses_a_folder_with_records_or_another_task_file(run, tmp_path):
+def test_unpack_and_pack_refuse_what_they_cannot_use(run, tmp_path):
     tasks_file, _, _, out = run
     kept = tmp_path / "kept"
     run_records.pack(out, kept)
@@ -102,3 +102,7 @@ def test_unpack_refuses_a_folder_with_records_or_another_task_file(run, tmp_path
     short.write_text(json.dumps({"question": "What is 0 + 0?", "answer": "0"}) + "\n")
     with pytest.raises(SystemExit, match="has no item 1"):
         run_records.unpack(kept, tmp_path / "other", short)
+    with pytest.raises(SystemExit, match="no packed records"):
+        run_records.unpack(tmp_path, tmp_path / "other", tasks_file)
+    with pytest.raises(SystemExit, match="holds no items.jsonl"):
+        run_records.pack(tmp_path / "missing", kept)
