@@ -11,6 +11,12 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def generated_tokens(summary: dict) -> float:
+    """Tokens generated per answer, every candidate counted; the chosen answer's
+    length in results written before that was counted."""
+    return summary["tokens_generated"] if "tokens_generated" in summary else summary["mean_tokens"]
+
+
 def table_rows(results: dict, strategies: bool = True) -> list[dict]:
     """One row of display strings per sampler and budget (the CLI's table, the
     Markdown one): accuracy, then what it cost with every candidate counted,
@@ -27,7 +33,7 @@ def table_rows(results: dict, strategies: bool = True) -> list[dict]:
             "sampler": name,
             f"{split} accuracy [95% CI]" if split != "all" else "accuracy [95% CI]": acc,
             "n": str(s["n"]),
-            "gen tokens": f"{s.get('tokens_generated', s['mean_tokens']):.1f}",
+            "gen tokens": f"{generated_tokens(s):.1f}",
             "s/answer": f"{s['seconds_per_answer']:.2f}" if "seconds_per_answer" in s else "",
             "cut off": _pct(s.get("cut_off")),
             "no answer": _pct(s.get("no_answer")),
@@ -83,7 +89,7 @@ def plot(results: dict, path) -> None:
     curves: dict[str, list] = {}
     for name, s in results["samplers"].items():
         base, budget = split_label(name)
-        x, y = s.get("tokens_generated", s["mean_tokens"]), 100 * s["accuracy"]
+        x, y = generated_tokens(s), 100 * s["accuracy"]
         err = [[y - 100 * s["ci95"][0]], [100 * s["ci95"][1] - y]]
         if k := vote_k(base):  # a vote row: a point of its method's curve
             method = base.partition(" k=")[0] + (f" @{budget}" if budget else "")
