@@ -16,8 +16,13 @@ spec.loader.exec_module(frontier)
 
 
 def row(accuracy, tokens, wins=None, losses=None, p=None):
-    s = {"n": 10, "seeds": 1, "accuracy": accuracy, "ci95": [accuracy - 0.2, accuracy + 0.2]}
-    s["tokens_generated"] = tokens
+    s = {
+        "n": 10,
+        "seeds": 1,
+        "accuracy": accuracy,
+        "ci95": [accuracy - 0.2, accuracy + 0.2],
+        "tokens_generated": tokens,
+    }
     if p is not None:
         s["vs_greedy"] = {"wins": wins, "losses": losses, "ties": 10 - wins - losses, "p_value": p}
     return s
