@@ -8,8 +8,9 @@ DIR is an `eval --out` folder (its results.json: the last run's rows) or the fil
 an `eval --json` run wrote, for runs that shared one folder. Each must cover the
 same items; a sampler name that is in an earlier folder too gets the folder's
 SUFFIX (default: the folder's name) so both rows show (`--name` relabels a row).
-Greedy is drawn once, from the first folder; Holm's correction runs again over
-all the rows.
+Greedy is drawn once, from the first folder, unless a later folder's greedy
+differs (a rerun that decoded otherwise): then that one shows too, with its
+SUFFIX. Holm's correction runs again over all the rows.
 """
 
 import argparse
@@ -18,6 +19,12 @@ from pathlib import Path
 
 from entropix_mlx.eval.report import markdown_table, plot, table_rows
 from entropix_mlx.eval.stats import holm
+
+
+def same_greedy(a: dict, b: dict) -> bool:
+    """Two runs' greedy rows agree to the precision a printed table keeps; if not,
+    both are shown, since each run's rows are paired with their own greedy."""
+    return a["accuracy"] == b["accuracy"] and abs(a["tokens_generated"] - b["tokens_generated"]) < 0.05
 
 
 def merged(folders: list[str]) -> dict:
@@ -35,7 +42,7 @@ def merged(folders: list[str]) -> dict:
         if (results["item_range"], results["items"]) != (out["item_range"], out["items"]):
             raise SystemExit(f"{folder} covers items {results['item_range']}, not {out['item_range']}: run its summary")
         for name, s in results["samplers"].items():
-            if name == "greedy":
+            if name == "greedy" and same_greedy(s, out["samplers"]["greedy"]):
                 continue
             label = f"{name} ({suffix or name_of_source})" if name in out["samplers"] else name
             out["samplers"][label] = s

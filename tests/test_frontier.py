@@ -64,3 +64,13 @@ def test_runs_over_other_items_are_refused(runs, tmp_path):
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="covers items 0-4"):
         frontier.merged([runs[0], str(tmp_path / "other.json")])
+
+
+def test_a_greedy_rerun_that_differs_shows_beside_the_first(runs):
+    rebuilt = json.loads(Path(runs[1]).read_text())
+    assert list(frontier.merged([runs[0], runs[1]])["samplers"]).count("greedy") == 1  # the same greedy: drawn once
+    rebuilt["samplers"]["greedy"]["accuracy"] = 0.4
+    Path(runs[1]).write_text(json.dumps(rebuilt))
+    rows = frontier.merged([runs[0], f"{runs[1]}=earlier"])["samplers"]
+    assert rows["greedy"]["accuracy"] == 0.5 and rows["greedy (earlier)"]["accuracy"] == 0.4
+    assert "vs_greedy" not in rows["greedy (earlier)"]
