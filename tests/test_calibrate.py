@@ -211,7 +211,7 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
     path.write_text('[sampler]\nthinking_text = " ..."\n')  # an existing card: recalibrated, not new-model defaults
     cal.calibrate(None, None, "tiny", out=path, samples=synthetic_samples())
     path.write_text(path.read_text() + "\n[deliberate]\nwidth = 4\n")
-    monkeypatch.setattr(cal, "PROMPTS", ("Write a poem.", "Hi"))
+    monkeypatch.setattr(tuning, "PROMPTS", ("Write a poem.", "Hi"))  # tuning's open prompts
     candidates = (("card", {}), ("margin", {"argmax_margin": 2.5, "strategies": ["argmax", "adaptive"]}))
     seen = []
     chosen, trials, greedy, min_p = tuning.tune(
@@ -252,7 +252,8 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
         "entropix_mlx.cli.calibrate.load",
         lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
     )
-    monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
+    monkeypatch.setattr(cal, "PROMPTS", ("Hello",))  # calibration's, read when the CLI runs
+    monkeypatch.setattr(tuning, "PROMPTS", ("Hello",))  # tuning's, bound at import
     monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": tuning.NO_THINK})))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
