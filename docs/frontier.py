@@ -17,14 +17,14 @@ import argparse
 import json
 from pathlib import Path
 
-from entropix_mlx.eval.report import markdown_table, plot, table_rows
+from entropix_mlx.eval.report import generated_tokens, markdown_table, plot, table_rows
 from entropix_mlx.eval.stats import holm
 
 
 def same_greedy(a: dict, b: dict) -> bool:
     """Two runs' greedy rows agree to the precision a printed table keeps; if not,
     both are shown, since each run's rows are paired with their own greedy."""
-    return a["accuracy"] == b["accuracy"] and abs(a["tokens_generated"] - b["tokens_generated"]) < 0.05
+    return a["accuracy"] == b["accuracy"] and abs(generated_tokens(a) - generated_tokens(b)) < 0.05
 
 
 def merged(folders: list[str]) -> dict:
