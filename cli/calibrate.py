@@ -44,7 +44,10 @@ def calibrate(
         ),
     ] = False,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="With --tune: only the first N dev items (a quick check).")
+        int | None,
+        typer.Option(
+            "--limit", min=1, help="With --tune: only the first N dev items and open prompts (a quick check)."
+        ),
     ] = None,
     keep_thresholds: Annotated[
         bool,

@@ -224,6 +224,7 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
         assert 0.0 <= t["open"]["repeated_4gram_share"] <= 1.0 and t["open"]["mean_logprob"] <= 0.0
     data = tomllib.loads(path.read_text())
     assert data["tuning"]["chosen"] == chosen["name"] and data["tuning"]["items"] == 3
+    assert data["tuning"]["open_prompts"] == 2  # both: the limit is above them
     assert [t["name"] for t in data["tuning"]["trials"]] == ["card", "margin"]
     assert data["tuning"]["trials"][1]["overrides"] == {"argmax_margin": 2.5, "strategies": ["argmax", "adaptive"]}
     assert data["deliberate"] == {"width": 4}
@@ -231,9 +232,11 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
     expected = SamplerConfig().replace(**chosen["overrides"])
     assert config.argmax_margin == expected.argmax_margin and config.strategies == expected.strategies
     # Tuning again replaces the [tuning] table instead of adding a second one; the
-    # trials it did not repeat stay on record as earlier ones, with their date.
-    tuning.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=2)
+    # trials it did not repeat stay on record as earlier ones, with their date. A
+    # limit shortens the open text as well as the dev items.
+    tuning.tune(make_tiny_model(), tiny_tokenizer, "tiny", path, candidates[:1], limit=1)
     data = tomllib.loads(path.read_text())
+    assert data["tuning"]["items"] == 1 and data["tuning"]["open_prompts"] == 1
     assert [t["name"] for t in data["tuning"]["trials"]] == ["card"] and data["sampler"]["argmax_margin"] == 0.0
     assert [t["name"] for t in data["tuning"]["earlier"]] == ["margin"]
     assert data["tuning"]["earlier"][0]["accuracy"] == trials[1]["accuracy"]

@@ -207,7 +207,8 @@ def tune(
     thresholds_only = SamplerConfig().replace(**thresholds)
     tasks = select_split(load_tasks(builtin_tasks_path()), TUNE_SPLIT)[:limit]
     chat = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]) for t in tasks]
-    open_prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+    # A limit shortens the open text too: the prompts cost most of a tuning run.
+    open_prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS[:limit]]
 
     def measure(name, make, answers=True, seeds=TUNE_OPEN_SEEDS):
         if progress:
@@ -245,7 +246,11 @@ def tune(
     earlier = earlier_trials(path, {t["name"] for t in trials})
     write_card(
         path,
-        tuned_card_text(path.read_text(), settings, tuning_table(chosen, trials, greedy, min_p, len(tasks), earlier)),
+        tuned_card_text(
+            path.read_text(),
+            settings,
+            tuning_table(chosen, trials, greedy, min_p, len(tasks), earlier, len(open_prompts)),
+        ),
     )
     return chosen, trials, greedy, min_p
 
@@ -263,7 +268,13 @@ def earlier_trials(path, names: set) -> list[dict]:
 
 
 def tuning_table(
-    chosen: dict, trials: list[dict], greedy: dict, min_p: dict, n_items: int, earlier: list[dict] = ()
+    chosen: dict,
+    trials: list[dict],
+    greedy: dict,
+    min_p: dict,
+    n_items: int,
+    earlier: list[dict] = (),
+    n_prompts: int = len(PROMPTS),
 ) -> str:
     lines = [
         "# How [sampler]'s strategy settings were chosen (calibrate's tuning): every",
@@ -275,6 +286,7 @@ def tuning_table(
         f"date = {toml_value(datetime.date.today().isoformat())}",
         f"split = {toml_value(TUNE_SPLIT)}",
         f"items = {n_items}",
+        f"open_prompts = {n_prompts}",
         f"chosen = {toml_value(chosen['name'])}",
         f"greedy_accuracy = {greedy['accuracy']!r}",
         "greedy_open = " + _inline(greedy["open"]),
