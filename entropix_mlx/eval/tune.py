@@ -249,7 +249,7 @@ def tune(
         tuned_card_text(
             path.read_text(),
             settings,
-            tuning_table(chosen, trials, greedy, min_p, len(tasks), earlier, len(open_prompts)),
+            tuning_table(chosen, trials, greedy, min_p, len(tasks), len(open_prompts), earlier),
         ),
     )
     return chosen, trials, greedy, min_p
@@ -273,8 +273,8 @@ def tuning_table(
     greedy: dict,
     min_p: dict,
     n_items: int,
+    n_prompts: int,
     earlier: list[dict] = (),
-    n_prompts: int = len(PROMPTS),
 ) -> str:
     lines = [
         "# How [sampler]'s strategy settings were chosen (calibrate's tuning): every",
