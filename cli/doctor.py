@@ -18,7 +18,15 @@ from entropix_mlx.accel.weights import auto_rule, default_weights
 
 from .cache_cmd import summary_line
 
-SETTINGS = ("ENTROPIX_BLAS", "ENTROPIX_BLAS_SHIM", "ENTROPIX_WEIGHTS", "CC", "ENTROPIX_THREADS", "OMP_NUM_THREADS")
+SETTINGS = (
+    "ENTROPIX_BLAS",
+    "ENTROPIX_BLAS_SHIM",
+    "OPENBLAS_CORETYPE",
+    "ENTROPIX_WEIGHTS",
+    "CC",
+    "ENTROPIX_THREADS",
+    "OMP_NUM_THREADS",
+)
 
 
 def shim_line(info: dict) -> str:
@@ -28,6 +36,12 @@ def shim_line(info: dict) -> str:
     if info["name"]:
         return f"not running: {info['shim_reason']}"
     return "not running: it goes in front of OpenBLAS, which is not loaded"
+
+
+def kernels_line(info: dict) -> str:
+    if info["core"]:
+        return f"{info['core']}: {info['core_reason']}"
+    return "OpenBLAS does not say which" if info["name"] else "none: OpenBLAS is not loaded"
 
 
 def cache_line() -> str:
@@ -47,7 +61,7 @@ def report() -> list[tuple[str, str]]:
         ("BLAS", f"{blas_name()}: {info['path'] or info['reason'] or 'the platform BLAS'}"),
     ]
     if sys.platform == "linux":
-        rows += [("shim", shim_line(info)), ("cache", cache_line())]
+        rows += [("kernels", kernels_line(info)), ("shim", shim_line(info)), ("cache", cache_line())]
     weights = default_weights()
     source = "ENTROPIX_WEIGHTS" if os.environ.get("ENTROPIX_WEIGHTS") else "default"
     rows.append(("weights", f"{weights} ({source})" + (f"; auto picks {auto_rule()}" if weights == "auto" else "")))

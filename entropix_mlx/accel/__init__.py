@@ -21,7 +21,8 @@ def enable() -> dict:
     Returns what runs and why (`blas_info()`): "name" ("OpenBLAS" or None), "path",
     "reason" (why nothing was loaded: not Linux, ENTROPIX_BLAS=none, no OpenBLAS found, or
     mlx.core imported before this call), "shim" (the shim's path or None), "shim_reason"
-    (why plain OpenBLAS runs) and "thin_gemm" (whether the shim's few-row kernel runs)."""
+    (why plain OpenBLAS runs), "thin_gemm" (whether the shim's few-row kernel runs), and
+    "core" and "core_reason" (OpenBLAS's kernel set and why that one: see openblas_core.py)."""
     return load_blas()
 
 

@@ -14,9 +14,11 @@ import ctypes.util
 import os
 import platform
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from .build import build_shim
+from .openblas_core import forced_core
 
 # Where distributions put OpenBLAS (the pthread build first: it uses every core).
 _ARCH = platform.machine()
@@ -42,6 +44,8 @@ _blas: dict = {
     "shim": None,
     "shim_reason": "",
     "thin_gemm": False,
+    "core": None,
+    "core_reason": "",
 }
 
 
@@ -70,16 +74,22 @@ def load_blas() -> dict:
     for path in candidates:
         if not path or (os.sep in path and not Path(path).exists()):
             continue
+        forced, core_reason = forced_core(path)
         try:
             # Local first: the shim's cblas_sgemm must come before OpenBLAS's in the global scope.
-            library = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+            with _coretype(forced):
+                library = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
             library.cblas_sgemm  # noqa: B018  (an OpenBLAS without CBLAS would not help)
         except (OSError, AttributeError):
             continue
+        core = _core_name(library)
+        if forced and (core or "").lower() != forced.lower():
+            core_reason = f"its own pick (OPENBLAS_CORETYPE={forced} was ignored)"
         shim, shim_reason = _load_shim(library)
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # now global: MLX's other BLAS calls resolve to it
         thin = bool(shim and _shim_library.entropix_thin_gemm_active())
         _blas.update(name="OpenBLAS", path=path, reason="", shim=shim, shim_reason=shim_reason, thin_gemm=thin)
+        _blas.update(core=core, core_reason=core_reason if core else "")
         return blas_info()
     _blas.update(
         reason=f"ENTROPIX_BLAS={wanted} could not be loaded"
@@ -87,6 +97,30 @@ def load_blas() -> dict:
         else "no system OpenBLAS found (Debian/Ubuntu: apt install libopenblas0-pthread)"
     )
     return blas_info()
+
+
+@contextmanager
+def _coretype(name: str | None):
+    """OPENBLAS_CORETYPE=name while OpenBLAS loads (it reads it then, once); the
+    environment is left as it was."""
+    if name is None:
+        yield
+        return
+    os.environ["OPENBLAS_CORETYPE"] = name
+    try:
+        yield
+    finally:
+        del os.environ["OPENBLAS_CORETYPE"]
+
+
+def _core_name(library) -> str | None:
+    """The kernel set the loaded OpenBLAS runs (None if it cannot say)."""
+    try:
+        name = library.openblas_get_corename
+    except AttributeError:
+        return None
+    name.restype = ctypes.c_char_p
+    return (name() or b"").decode() or None
 
 
 def _load_shim(openblas) -> tuple[str | None, str]:
@@ -148,7 +182,8 @@ def thread_stats() -> dict:
 def blas_info() -> dict:
     """{"name": "OpenBLAS" or None, "path": ..., "reason": why none, "",
     "shim": the shim's path or None, "shim_reason": why none, "",
-    "thin_gemm": whether the shim's few-row kernel runs}."""
+    "thin_gemm": whether the shim's few-row kernel runs,
+    "core": the kernel set OpenBLAS runs (e.g. "Haswell") or None, "core_reason": why that one}."""
     return dict(_blas)
 
 
