@@ -220,7 +220,7 @@ def test_compute_paths_name_each_side(monkeypatch, device):
     import mlx.nn as nn
     from conftest import make_tiny_model
 
-    from entropix_mlx.accel.blas import blas_name
+    from entropix_mlx.accel.blas import blas_info, blas_name
     from entropix_mlx.accel.weights import to_float32
     from entropix_mlx.eval.bench import compute_paths
 
@@ -233,6 +233,7 @@ def test_compute_paths_name_each_side(monkeypatch, device):
         "mlx_lm": f"{device} · native 4-bit weights · MLX quantized matmul",
         "entropix": f"{device} · float32 weights" + (f" · {blas_name()}" if device == "cpu" else ""),
         "blas": blas_name(),
+        "blas_core": blas_info()["core"],
     }
 
 

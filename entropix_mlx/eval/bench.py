@@ -56,7 +56,7 @@ from mlx_lm.generate import generation_stream, stream_generate
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from ..accel.blas import blas_name, thread_stats
+from ..accel.blas import blas_info, blas_name, thread_stats
 from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
 from ..decode.registry import make_sampler
@@ -343,8 +343,9 @@ def bench(
 
 def compute_paths(ours, theirs) -> dict:
     """What each side computes with: device, weight format, the BLAS its float
-    matmuls call (quantized matmuls are MLX's own kernels, no BLAS)."""
+    matmuls call (quantized matmuls are MLX's own kernels, no BLAS) and OpenBLAS's
+    kernel set (None without OpenBLAS)."""
     theirs_text = describe(theirs)
     if weights_format(theirs).startswith("native"):
         theirs_text += " · MLX quantized matmul"
-    return {"mlx_lm": theirs_text, "entropix": describe(ours), "blas": blas_name()}
+    return {"mlx_lm": theirs_text, "entropix": describe(ours), "blas": blas_name(), "blas_core": blas_info()["core"]}
