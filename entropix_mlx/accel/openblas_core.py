@@ -98,10 +98,11 @@ def forced_core(path: str) -> tuple[str | None, str]:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return None, "its own pick"
     flags = cpu_flags()
-    if cpu_level(flags) == 0:
+    level = cpu_level(flags)
+    if level == 0:
         return None, "its own pick"
     own = own_core(path)
     forced = better_core(own, flags)
     if forced is None:
         return None, "its own pick"
-    return forced, f"OpenBLAS took this CPU for {own}, whose kernels leave its {LEVEL_NAMES[cpu_level(flags)]} unused"
+    return forced, f"OpenBLAS took this CPU for {own}, whose kernels leave its {LEVEL_NAMES[level]} unused"
