@@ -5,8 +5,9 @@ session, on machines that do not keep files between sessions. `pack` writes a fo
 records to docs/records/NAME/ (config.json, scoring_log.jsonl and the records as gzipped
 parts) without the question texts, which are the data set's and not ours to ship; `unpack`
 puts them back from the task file, so that `eval --out` resumes the run or re-scores it.
-Each `pack` adds a part holding only the records the earlier parts lack, so the
+Each `pack` adds parts holding only the records the earlier parts lack, so the
 repository's history holds each record once however often a growing run is packed.
+A part stays under PART_BYTES, so no file the repository tracks grows past 2 MB.
 
     python scripts/run_records.py pack runs/q15 docs/records/q15
     python scripts/run_records.py unpack docs/records/q15 runs/q15 ../shared/data/gsm8k_test.jsonl
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from entropix_mlx.eval.tasks import load_tasks  # noqa: E402
 
 KEPT_FILES = ("config.json", "scoring_log.jsonl")
+PART_BYTES = 1_500_000
 
 
 def key(record: dict) -> tuple:
@@ -42,8 +44,23 @@ def packed_records(folder: Path) -> list[dict]:
     return records
 
 
-def pack(run_dir: Path, dest: Path) -> int:
-    """Add the records of `run_dir` that `dest` lacks as a new part; how many."""
+def split(lines: list[str], part_bytes: int) -> list[list[str]]:
+    """Consecutive runs of lines whose gzipped sizes, each line on its own, sum to at most
+    `part_bytes`. Lines compress no worse together than apart (each apart pays a header
+    too), so a part's file stays under it; a line larger than that is a part of its own."""
+    groups, size = [], 0
+    for line in lines:
+        n = len(gzip.compress(line.encode(), mtime=0))
+        if not groups or size + n > part_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(line)
+        size += n
+    return groups
+
+
+def pack(run_dir: Path, dest: Path, part_bytes: int = PART_BYTES) -> int:
+    """Add the records of `run_dir` that `dest` lacks as new parts; how many."""
     if not (run_dir / "items.jsonl").is_file():
         raise SystemExit(f"{run_dir} holds no items.jsonl; give the folder an eval wrote with --out")
     dest.mkdir(parents=True, exist_ok=True)
@@ -60,11 +77,11 @@ def pack(run_dir: Path, dest: Path) -> int:
     for name in KEPT_FILES:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, dest / name)
-    if lines:
+    for group in split(lines, part_bytes):
         part = dest / f"items-{len(parts(dest)) + 1:03d}.jsonl.gz"
         # mtime 0: the same records give the same bytes.
         with open(part, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            f.write("".join(lines).encode())
+            f.write("".join(group).encode())
     return len(lines)
 
 

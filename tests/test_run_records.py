@@ -4,6 +4,7 @@ questions, and brought back so that eval resumes from it."""
 import gzip
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,20 @@ def test_unpack_and_pack_refuse_what_they_cannot_use(run, tmp_path):
         run_records.unpack(tmp_path, tmp_path / "other", tasks_file)
     with pytest.raises(SystemExit, match="holds no items.jsonl"):
         run_records.pack(tmp_path / "missing", kept)
+
+
+def test_a_large_run_packs_into_parts_each_under_the_cap(run, tmp_path):
+    tasks_file, tasks, prompts, out = run
+    rng = random.Random(0)
+    with open(out / "items.jsonl", "a") as f:
+        f.write("\n")  # ends the interrupted write
+        for seed in range(1, 40):
+            record = {"sampler": "greedy", "seed": seed, "index": 0, "question": tasks[0].question}
+            f.write(json.dumps({**record, "logprobs": [rng.random() for _ in range(60)]}) + "\n")
+    kept = tmp_path / "kept"
+    assert run_records.pack(out, kept, part_bytes=4000) == 41
+    sizes = [p.stat().st_size for p in run_records.parts(kept)]
+    assert len(sizes) > 2 and max(sizes) <= 4000
+    assert run_records.unpack(kept, tmp_path / "back", tasks_file) == 41
+    back = [json.loads(line) for line in (tmp_path / "back" / "items.jsonl").read_text().splitlines()]
+    assert [run_records.key(r) for r in back][2:] == [("greedy", s, 0) for s in range(1, 40)]
