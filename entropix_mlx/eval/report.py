@@ -85,7 +85,7 @@ def plot(results: dict, path) -> None:
     if results.get("mode") == "open":
         return plot_open(results, path)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(9.5, 5))
     curves: dict[str, list] = {}
     for name, s in results["samplers"].items():
         base, budget = split_label(name)
@@ -110,7 +110,8 @@ def plot(results: dict, path) -> None:
     items = results.get("item_range") or f"{results['items']} items"
     ax.set_title(f"{results['model']} on {where} (items {items})", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    # beside the axes: inside, with a dozen rows, it covers some row's point or interval
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
