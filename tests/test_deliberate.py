@@ -87,6 +87,31 @@ def test_first_token_alternatives_and_the_branch_point_cap(model, tiny_tokenizer
     assert len(set(first + [root.tokens[0]])) == 4
 
 
+@pytest.mark.parametrize("spacing, splits", [(0, [1, 2, 3]), (3, [1, 4, 7]), (5, [1, 6])])
+def test_branch_points_keep_their_spacing(model, tiny_tokenizer, spacing, splits):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    cfg = DeliberateConfig(
+        first_alternatives=0, branch_entropy=0.0, alternatives=1, max_branch_points=3, branch_spacing=spacing, **WIDE
+    )
+    d = deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=10)
+    assert d.candidates[0].branched_at == splits
+    assert [c.split for c in d.candidates[1:]] == splits
+
+
+def test_measured_candidates_keep_each_tokens_metrics(model, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    events = greedy_run(model, tiny_tokenizer, prompt, 8)
+    cfg = DeliberateConfig(first_alternatives=2, max_branch_points=0, **WIDE)
+    (_, d, _), *_ = deliberate_batch(model, tiny_tokenizer, [Request(prompt, 0, 8)], cfg, measure=True)
+    for c in d.candidates:
+        assert set(c.measures) == {"entropy", "varentropy", "attn_entropy", "agreement"}
+        assert all(len(v) == len(c.tokens) for v in c.measures.values())
+    root = d.candidates[0].measures
+    for name in ("entropy", "attn_entropy", "agreement"):
+        assert root[name] == pytest.approx([e.metrics[name] for e in events], abs=2e-3)
+    assert deliberate(model, tiny_tokenizer, prompt, cfg, max_tokens=8).candidates[0].measures == {}
+
+
 def test_every_branch_equals_an_independent_greedy_run_from_its_split(model, tiny_tokenizer):
     prompt = prompt_of(tiny_tokenizer, TEXTS[0])
     cfg = DeliberateConfig(first_alternatives=4, branch_entropy=0.0, alternatives=1, max_branch_points=3, **WIDE)

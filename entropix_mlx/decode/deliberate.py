@@ -52,6 +52,7 @@ def deliberate_batch(
     on_row: Callable | None = None,
     prefix_cache=None,
     alternatives: int = 0,
+    measure: bool = False,
 ) -> Iterator[tuple[int, Deliberation, float]]:
     """Deliberate every request; yields (request index, deliberation, seconds)
     as answers complete. `answer_of(index, text)` extracts a candidate's answer
@@ -60,13 +61,14 @@ def deliberate_batch(
     the shared prefix (default `prefix`: the requests' common beginning).
     `on_row(index, result)` sees every row as it finishes (progress display);
     `prefix_cache`, the prefix already run (see `generate_batch`);
-    `alternatives`: the most likely tokens each row records per step (eval's records)."""
+    `alternatives`: the most likely tokens each row records per step, and `measure`:
+    its entropy, varentropy and attention metrics too (eval's records)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
     made: dict[int, Candidate] = {}  # by row number: the early stop's candidates are the selection's
 
     def candidate(index: int, result: RowResult) -> Candidate:
         if result.row not in made:
-            made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text))
+            made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text), measure)
         return made[result.row]
 
     stop_when = early_stop(config, candidate) if config.stop_share > 0 else None
@@ -75,7 +77,7 @@ def deliberate_batch(
     later: dict[int, int] = {}  # by request: the rows of its second stage
 
     def make_branch(first_token=None):
-        return BranchSampler(config, spawns=False, first_token=first_token, top=alternatives)
+        return BranchSampler(config, spawns=False, first_token=first_token, top=alternatives, measure=measure)
 
     follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
 
@@ -83,7 +85,7 @@ def deliberate_batch(
         model,
         tokenizer,
         requests,
-        lambda: BranchSampler(config, top=alternatives),
+        lambda: BranchSampler(config, top=alternatives, measure=measure),
         make_branch,
         batch_size,
         prefix,
@@ -198,7 +200,7 @@ def eval_rows(
     """For `eval`: `deliberate_batch` with each answer as the winner's RowResult,
     plus `extra` for the item's record (tokens spent, branches, each candidate)."""
     rows = deliberate_batch(
-        model, tokenizer, requests, config, answer_of, batch_size, prefix, alternatives=KEPT_ALTERNATIVES
+        model, tokenizer, requests, config, answer_of, batch_size, prefix, alternatives=KEPT_ALTERNATIVES, measure=True
     )
     for index, d, seconds in rows:
         w = d.winner
@@ -230,6 +232,7 @@ def eval_rows(
                         "logprobs",
                         "margins",
                         "top",
+                        "measures",
                         "text",
                     )
                 }

@@ -19,7 +19,9 @@ class BranchSampler:
     metrics["deferred"] instead, as (token, logprob). `first_token`: a later
     stage's row, which takes that token first and then continues greedily.
     `top`: how many of the most likely tokens each choice records (`Choice.top`,
-    eval's records), taken from the candidates it ranks anyway."""
+    eval's records), taken from the candidates it ranks anyway. `measure`: every
+    step also records the attention metrics (eval's records, for replaying
+    gates offline)."""
 
     name = "deliberate"
 
@@ -29,13 +31,15 @@ class BranchSampler:
         spawns: bool = True,
         first_token: int | None = None,
         top: int = 0,
+        measure: bool = False,
     ):
         self.config = config or DeliberateConfig()
-        self.spawns, self.first_token, self.top = spawns, first_token, top
+        self.spawns, self.first_token, self.top, self.measure = spawns, first_token, top, measure
         self.reset()
 
     def reset(self):
         self.points = 0  # uncertain positions branched at, after the first token
+        self.last_point = -math.inf  # the latest of them
         self.branches = 0  # branch rows started by this answer
 
     def choose(self, step: Step, key: mx.array) -> Choice:
@@ -52,6 +56,8 @@ class BranchSampler:
             "varentropy": varentropy.item(),
             "margin": math.exp(values[0]) - math.exp(values[1]),
         }
+        if self.measure:
+            self._attention(metrics, step.scores)
         spawn = self._alternatives(len(step.tokens), metrics, values, ids, step.scores) if self.spawns else []
         if spawn and not step.tokens and c.first_stage:
             spawn, metrics["deferred"] = spawn[: c.first_stage], spawn[c.first_stage :]
@@ -71,7 +77,12 @@ class BranchSampler:
         c = self.config
         if position == 0 and c.first_alternatives:
             n = c.first_alternatives
-        elif position > 0 and self.points < c.max_branch_points and self.uncertain(metrics, scores):
+        elif (
+            position > 0
+            and self.points < c.max_branch_points
+            and position - self.last_point >= c.branch_spacing
+            and self.uncertain(metrics, scores)
+        ):
             n = c.alternatives
         else:
             return []
@@ -80,7 +91,9 @@ class BranchSampler:
         spawn = [(t, lp) for t, lp in zip(ids[1 : n + 1], values[1 : n + 1], strict=False) if lp >= floor]
         if spawn:
             self.branches += len(spawn)
-            self.points += position > 0
+            if position > 0:
+                self.points += 1
+                self.last_point = position
         return spawn
 
     def uncertain(self, metrics: dict, scores=None) -> bool:
@@ -88,10 +101,18 @@ class BranchSampler:
         c = self.config
         if c.branch_gate == "logits":
             return metrics["entropy"] > c.branch_entropy or metrics["varentropy"] > c.branch_varentropy
-        if not scores:  # a model that gives no attention scores never branches by them
+        if "attn_entropy" not in metrics and not self._attention(metrics, scores):
+            return False  # a model that gives no attention scores never branches by them
+        return metrics["attn_entropy"] > c.branch_attn_entropy or metrics["agreement"] > c.branch_agreement
+
+    @staticmethod
+    def _attention(metrics: dict, scores) -> bool:
+        """Adds the heads' attention entropy and disagreement (means over heads and
+        layers) to `metrics`; False when the model gives no scores."""
+        if not scores:
             return False
         heads = attention_metrics([scores[i] for i in range(len(scores))])
         attn_entropy, agreement = heads["attn_entropy"].mean(), heads["agreement"].mean()
         mx.eval(attn_entropy, agreement)
         metrics["attn_entropy"], metrics["agreement"] = attn_entropy.item(), agreement.item()
-        return metrics["attn_entropy"] > c.branch_attn_entropy or metrics["agreement"] > c.branch_agreement
+        return True

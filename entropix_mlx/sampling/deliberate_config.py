@@ -53,6 +53,9 @@ class DeliberateConfig(Settings):
     branch_agreement: float = 0.0148
     alternatives: int = 1
     max_branch_points: int = 1
+    # At least this many tokens between two such positions, so that the branches
+    # leave the chain at different steps of its reasoning, not at one spike (0: any).
+    branch_spacing: int = 0
     # Ignore alternatives less likely than this (they are rarely the answer).
     min_probability: float = 0.0
     # At most this many branches besides the greedy answer.
@@ -97,6 +100,7 @@ RULES = {
     "first_alternatives": at_least(0),
     "alternatives": at_least(0),
     "max_branch_points": at_least(0),
+    "branch_spacing": at_least(0),
     "max_branches": at_least(0),
     "branch_entropy": THRESHOLD,
     "branch_varentropy": THRESHOLD,

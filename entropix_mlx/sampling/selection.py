@@ -29,6 +29,8 @@ class Candidate:
     branched_at: list[int] = field(default_factory=list)  # positions where this row spawned branches
     loop: int = 0  # tokens in its longest back-to-back repeat (repetition.longest_loop)
     top: list = field(default_factory=list)  # per token, the most likely tokens, if the row recorded them
+    # Per token, what the row measured (MEASURES), if it was asked to (eval's records).
+    measures: dict = field(default_factory=dict)
 
     def flaw(self, rule: str = "loop") -> str | None:
         """Why this answer is degenerate under `rule` ("off", "loop",
@@ -244,8 +246,12 @@ def _fmt(x: float) -> str:
     return "none" if x == -math.inf else f"{x:.3f}"
 
 
-def candidate_from(result, tokenizer, answer_of) -> Candidate:
-    """A finished row (`decode.rows.RowResult`) as a candidate answer."""
+MEASURES = ("entropy", "varentropy", "attn_entropy", "agreement")
+
+
+def candidate_from(result, tokenizer, answer_of, measured: bool = False) -> Candidate:
+    """A finished row (`decode.rows.RowResult`) as a candidate answer; `measured`:
+    it keeps each token's MEASURES."""
     text = tokenizer.decode(result.tokens)
     answer = answer_of(text)
     logprobs = [lp if lp is not None else 0.0 for lp in result.logprobs]
@@ -271,4 +277,5 @@ def candidate_from(result, tokenizer, answer_of) -> Candidate:
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
         loop=longest_loop(result.tokens),
         top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
+        measures={k: [round(m.get(k, 0.0), 4) for m in result.metrics] for k in MEASURES} if measured else {},
     )
