@@ -6,7 +6,6 @@ imported only inside `main()`, after `enable()` has put the CPU fast path in pla
 
 import inspect
 import os
-import re
 import sys
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
@@ -17,6 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 from entropix_mlx.accel import enable
 from entropix_mlx.errors import EntropixError, FollowerExit
 
+from .flags import with_flags
 from .signals import exit_code, interrupts_raise
 
 try:  # recent Typer vendors its own copy of Click
@@ -100,34 +100,24 @@ def reflowed(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
 
 
-# The library names a setting as it calls it; the CLI names the flag that sets it.
-FLAGS = {"overwrite": "--force", "split": "--split", "builtin": "--builtin"}
-
-
-def with_flags(error: EntropixError) -> str:
-    """The error's message with each setting it names as the CLI's flag for it."""
-    message = str(error)
-    for setting in error.settings:
-        flag = FLAGS.get(setting, "--" + setting.replace("_", "-"))
-        message = re.sub(rf"(?<![\w-]){re.escape(setting)}(?![\w-])", flag, message)
-    return message
-
-
 def fail(message: str, code: int = 2):
     """One line on stderr, no traceback."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
 
-def main(argv: list[str] | None = None):
+def main(argv: list[str] | None = None, shelf=None):
     """Run the app. Every user error ends as one `error: ...` line and exit code 2:
     ours (EntropixError) and Click's usage errors alike, which Typer would
-    otherwise draw as a multi-line box. Ctrl-C exits 130, SIGTERM 143."""
+    otherwise draw as a multi-line box. Ctrl-C exits 130, SIGTERM 143. `shelf`:
+    the models already loaded (`loaded.Shelf`; tests reuse one), else a new one."""
     enable()
     register_commands()
+    from .loaded import Shelf  # after enable(): it imports MLX
+
     try:
         with interrupts_raise():
-            code = app(args=argv, standalone_mode=False)
+            code = app(args=argv, standalone_mode=False, obj=shelf if shelf is not None else Shelf())
     except FollowerExit:  # rank 0 prints the error
         raise SystemExit(2) from None
     except EntropixError as e:

@@ -14,16 +14,15 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.chat import Conversation
-from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.sampling.penalties import make_penalties
-from entropix_mlx.sampling.strategies import sampler_strategies
+from entropix_mlx.front import SAMPLER_NAMES, choose
+from entropix_mlx.front.registry import sampler_legend
 
 from . import render
 from .deliberation import deliberation_progress
-from .loaded import build_sampler, header, load_model, quiet_unless_root, silence_stdout
+from .loaded import header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -46,6 +45,7 @@ from .options import (
     TopPOpt,
     VerboseOpt,
     WeightsOpt,
+    check_config,
     check_options,
 )
 from .signals import Terminated, deferred
@@ -65,9 +65,7 @@ COMMANDS = {
 class ChatSession:
     def __init__(
         self,
-        llm,
-        tokenizer,
-        source,
+        loaded,
         sampler_name,
         sampler_options,
         max_tokens,
@@ -77,13 +75,14 @@ class ChatSession:
         penalties=None,
         verbose=False,
     ):
-        self.source, self.tokenizer, self.penalties, self.verbose = source, tokenizer, penalties, verbose
+        self.loaded, self.penalties, self.verbose = loaded, penalties, verbose
+        self.source, self.tokenizer = loaded.source, loaded.tokenizer
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
-        self.sampler = build_sampler(sampler_name, tokenizer, source.name, **sampler_options)
+        self.sampler = self.make_sampler(sampler_name)
         self.start_sampler, self.start_seed = self.sampler.name, seed
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
-        self.conversation = Conversation(llm, tokenizer, system=system or None)
+        self.conversation = Conversation(loaded.model, loaded.tokenizer, system=system or None)
         self.interactive = sys.stdin.isatty()
         self.writes_files = True
         self.out = render.make_console(no_color=no_color)
@@ -99,7 +98,15 @@ class ChatSession:
     def show_sampler(self):
         self.meta(header(self.source, self.sampler, self.next_seed, self.conversation.model, self.verbose))
         if self.color:
-            self.out.print(render.legend(sampler_strategies(self.sampler, self.conversation.model.args.vocab_size)))
+            self.out.print(render.legend(sampler_legend(self.sampler, self.conversation.model.args.vocab_size)))
+
+    def make_sampler(self, name: str):
+        """Sampler `name` with the options it takes (--config, sampling parameters, --budget, --reasoning)."""
+        o = self.sampler_options
+        choice = choose(name, o["params"])
+        settings = {"budget": o["budget"]} if choice.spec.budget else {}
+        reasoning = o["reasoning"] and choice.spec.reasoning
+        return self.loaded.sampler(choice.name, o["config"], reasoning, **choice.params, **settings)
 
     # -- the loop -------------------------------------------------------------
 
@@ -252,7 +259,7 @@ class ChatSession:
             return
         if arg not in SAMPLER_NAMES:
             raise ConfigError(f"unknown sampler '{arg}'; choose one of: {', '.join(SAMPLER_NAMES)}")
-        self.sampler = build_sampler(arg, self.tokenizer, self.source.name, **self.sampler_options)
+        self.sampler = self.make_sampler(arg)
         self.show_sampler()
 
     def set_seed(self, arg):
@@ -302,6 +309,7 @@ class ChatSession:
 
 
 def chat(
+    ctx: typer.Context,
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
@@ -323,18 +331,15 @@ def chat(
     verbose: VerboseOpt = False,
 ):
     """Talk with the model, turn after turn; /help lists the commands."""
-    overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, budget, reasoning, **overrides)
-    llm, tokenizer, source = load_model(
-        model, weights, tensor_parallel=True, cache=not no_cache
-    )  # sharded under mlx.launch
+    params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    check_options(sampler, config, model, budget, reasoning, **params)
+    check_config(choose(sampler, params), config, model, budget, reasoning)
+    loaded = ctx.obj.load(model, weights, tensor_parallel=True, cache=not no_cache)  # sharded under mlx.launch
     w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
     quiet_unless_root(w)
-    options = {"config": config, **overrides, "budget": budget, "reasoning": reasoning}
-    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty)
-    session = ChatSession(
-        llm, tokenizer, source, sampler, options, max_tokens, seed, system, no_color, penalties, verbose
-    )
+    options = {"config": config, "params": params, "budget": budget, "reasoning": reasoning}
+    penalties = loaded.penalties(presence_penalty, frequency_penalty, repetition_penalty)
+    session = ChatSession(loaded, sampler, options, max_tokens, seed, system, no_color, penalties, verbose)
     session.writes_files = w.root
     try:
         session.loop()

@@ -9,24 +9,30 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.decode.registry import DELIBERATE_NAMES, EVAL_SAMPLER_NAMES, VOTE_NAMES, make_sampler
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front.registry import EVAL_SAMPLER_NAMES, names_where, spec_of
 from entropix_mlx.model.loading import resolve
-from entropix_mlx.sampling.config import resolve_config
-from entropix_mlx.sampling.deliberate_config import resolve_deliberate
+from entropix_mlx.sampling.config import SamplerConfig, resolve_config
+from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
 from entropix_mlx.sampling.settings import read_toml
+from entropix_mlx.sampling.voting import VoteConfig
 
+from .eval_progress import run_with_progress
 from .eval_tables import print_open_table, print_table
-from .loaded import load_model
+from .flags import flagged
 from .options import ModelOpt, NoCacheOpt, WeightsOpt
 
 # entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
 # them: app.py imports every command's module at each start (--help too), and only eval
 # needs them.
+
+# The samplers --config sets: entropix from the file's top level or [sampler],
+# those that read [deliberate] from that table.
+ENTROPIX_NAMES = names_where(settings=SamplerConfig)
+DELIBERATE_NAMES = names_where(settings=DeliberateConfig, reads_card=True)
 
 DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: see above)
 
@@ -76,6 +82,7 @@ def _item_range(value: str | None, count: int) -> slice:
 
 
 def eval_command(
+    ctx: typer.Context,
     tasks: Annotated[
         Path | None,
         typer.Argument(
@@ -190,6 +197,14 @@ def eval_command(
     ] = None,
     weights: WeightsOpt = default_weights(),
     no_cache: NoCacheOpt = False,
+    rescore_sealed: Annotated[
+        bool,
+        typer.Option(
+            "--rescore-sealed",
+            help="Score a sealed task file with a configuration other than the one its log holds for a sampler "
+            "name (the log says so).",
+        ),
+    ] = False,
 ):
     """Accuracy of each sampler on a task file: 95% Wilson intervals, mean tokens,
     tokens/s, strategy shares, and wins/losses/ties against greedy on the same
@@ -208,29 +223,29 @@ def eval_command(
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
-    if reasoning and "entropix" not in names:
+    if reasoning and not set(names_where(reasoning=True)) & set(names):
         raise ConfigError("--reasoning sets the entropix sampler, which --samplers does not name")
     reasoning = cot if reasoning is None else reasoning
-    if "entropix" in names:  # a bad --config fails now, not after the model loads
+    if set(ENTROPIX_NAMES) & set(names):  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config, reasoning)
     if set(DELIBERATE_NAMES) & set(names) and for_deliberate:
         resolve_deliberate(source.name, config)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
-    card = bool({"entropix", *DELIBERATE_NAMES} & set(names))
-    llm, tokenizer, source = load_model(model, weights, card=card, cache=not no_cache)
+    card = any(spec_of(n).reads_card for n in names)
+    loaded = ctx.obj.load(model, weights, card=card, cache=not no_cache)
+    llm, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source
     if cot_default:
         max_tokens = _room_to_reason(llm, tokenizer, task_list, max_tokens)
 
     def factory(name):  # the records hold each token's log-probability, never its metrics
-        return make_sampler(
+        spec = spec_of(name)
+        return loaded.sampler(
             name,
-            tokenizer=tokenizer,
-            model_name=source.name,
-            config=config if name == "entropix" or (name in DELIBERATE_NAMES and for_deliberate) else None,
-            reasoning=reasoning and name == "entropix",
+            config=config if name in ENTROPIX_NAMES or (name in DELIBERATE_NAMES and for_deliberate) else None,
+            reasoning=reasoning and spec.reasoning,
             metrics=False,
-            k=k if name in VOTE_NAMES else None,
+            k=k if spec.settings is VoteConfig else None,
         )
 
     common = dict(
@@ -240,13 +255,23 @@ def eval_command(
         cfg = ev.OpenConfig(**common, tasks_name="builtin prompts" if tasks is None else Path(path).name)
         run = ev.run_open
     else:
-        cfg = ev.EvalConfig(**common, tasks_name="builtin" if builtin else Path(path).name, split=split, cot=cot)
+        from entropix_mlx.eval.sealed import SealedFile, is_sealed
+
+        sealed = SealedFile(path, out) if not builtin and is_sealed(path) else None
+        cfg = ev.EvalConfig(
+            **common,
+            tasks_name="builtin" if builtin else Path(path).name,
+            split=split,
+            cot=cot,
+            sealed=sealed,
+            rescore_sealed=rescore_sealed,
+        )
         run = ev.run_eval
     if not w.root:
         run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory)
         return
     try:
-        results = _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
+        results = run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory)
     except KeyboardInterrupt:
         where = (
             f"; the finished items are in {out}: run the same command again to continue"
@@ -261,7 +286,7 @@ def eval_command(
 def _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks) -> str:
     """Refuse what the mode (accuracy on a task file, or --open) cannot do; the split to run."""
     if open_text:
-        whole = [n for n in names if n in (*DELIBERATE_NAMES, "cot_decoding", *VOTE_NAMES)]
+        whole = [n for n in names if spec_of(n).whole_answers]
         if whole:  # they pick among whole answers by their task's answer
             raise ConfigError(f"--samplers {whole[0]} is for task files; --open measures free writing")
         refused = [
@@ -298,9 +323,9 @@ def _check_plot(plot: Path | None) -> None:
 def _config_for(config: str | None, names: list[str]) -> bool:
     """Whether --config also sets deliberate (a TOML file with a [deliberate]
     table); the rest of it is Entropix's, so one of them must run."""
-    for_deliberate = config is not None and str(config).endswith(".toml") and "deliberate" in read_toml(config)
+    for_deliberate = config is not None and str(config).endswith(".toml") and DeliberateConfig.kind in read_toml(config)
     uses_table = set(DELIBERATE_NAMES) & set(names) and for_deliberate
-    if config is not None and "entropix" not in names and not uses_table:
+    if config is not None and not set(ENTROPIX_NAMES) & set(names) and not uses_table:
         raise ConfigError(
             "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
             "which --samplers does not include"
@@ -341,44 +366,10 @@ def _report(results: dict, as_json: bool, open_text: bool, plot: Path | None) ->
     else:
         print_table(results)
     for warning in results.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {flagged(warning, ('max_tokens',))}", file=sys.stderr)
     if plot is not None:
         ev.plot(results, plot)
         print(f"plot written to {plot}", file=sys.stderr)
-
-
-def _run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        TextColumn("{task.description:<18}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        job = bar.add_task("starting", total=None)
-        first = {}
-
-        def progress(done, total, description):
-            if not first:
-                # Items already done (a resumed run) must not count towards the
-                # speed the ETA is computed from: start the bar after them.
-                first["done"] = done
-                bar.update(job, total=total - done, completed=0, description=description)
-            else:
-                bar.update(job, completed=done - first["done"], description=description)
-
-        return run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)
 
 
 def register(app: typer.Typer):

@@ -12,9 +12,10 @@ def _console():
 
 
 def _range(results: dict) -> str:
-    """Which items, when they are a few runs of positions (a split's items are scattered)."""
+    """Which items, when they are one run of the file's lines (a split's items are
+    scattered over the file: their lines would read as a puzzle, "0-1, 3, 5-9")."""
     items = results.get("item_range", "")
-    return f" ({items})" if items and items.count(",") < 3 else ""
+    return f" ({items})" if items and "," not in items else ""
 
 
 def print_table(results: dict):

@@ -1,48 +1,61 @@
 """What the CLI's commands share: the models loaded in this process (each once,
-with its card), the sampler built from the options, the header line that says
-what runs, and the quiet ranks of a launch."""
+with its card), the header line that says what runs, and the quiet ranks of a launch."""
 
 import os
 import sys
+from dataclasses import replace
 
 import mlx.core as mx
 
 from entropix_mlx.accel import weights as backend
 from entropix_mlx.accel.blas import blas_name, blas_refused
 from entropix_mlx.accel.weights import weights_format
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.distributed import check_same_model, world
+from entropix_mlx.front import LoadedModel, ModelCard, deterministic
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
-from entropix_mlx.sampling.parameters import sampling_request
-from entropix_mlx.sampling.strategies import deterministic
 
 from .cards import ensure_model_card
 
-LOADED: dict[tuple[str, str], tuple] = {}
-CARDS: set[tuple[str, str]] = set()  # the models whose card was found or measured in this process
 
+class Shelf:
+    """The models this CLI process has loaded, each once (with its card, measured
+    now if it has none): `main` owns one and hands it to every command, so chat's
+    /model and a test's repeated commands reuse what was loaded."""
 
-def load_model(
-    ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True, cache: bool = True
-):
-    """(model, tokenizer, source), loaded once per process. With `tensor_parallel`,
-    under a launcher with several ranks, each rank holds its share of the layers
-    (`model.sharding`) and all of them must have rank 0's model files. With `card`,
-    a model without a card gets one measured now (cli/cards.py), once per process."""
-    w = world() if tensor_parallel else None
-    key = (str(resolve(ref).path), weights) + (("sharded",) if w is not None and w.size > 1 else ())
-    if key not in LOADED:
-        if len(key) > 2:
-            check_same_model(w, resolve(ref).path)
-        LOADED[key] = load(ref, return_source=True, weights=weights, cache=cache)
-        if len(key) > 2:
-            shard(LOADED[key][0], w.group)
-        warm_up_compiler()
-    if card and key not in CARDS:
-        ensure_model_card(*LOADED[key])
-        CARDS.add(key)
-    return LOADED[key]
+    def __init__(self):
+        self.loaded: dict[tuple, LoadedModel] = {}
+        self.carded: set[tuple] = set()  # the models whose card was found or measured
+
+    def put(self, path, loaded: LoadedModel, weights: str = "auto") -> None:
+        """Keep `loaded` as the model at `path` (tests: a tiny model under a file name)."""
+        self.loaded[(str(path), weights)] = loaded
+
+    def load(
+        self, ref: str | None, weights: str = "auto", tensor_parallel: bool = False, card: bool = True, cache=True
+    ) -> LoadedModel:
+        """The model `ref`. With `tensor_parallel`, under a launcher with several
+        ranks, each rank holds its share of the layers (`model.sharding`) and all of
+        them must have rank 0's model files. With `card`, a model without a card
+        gets one measured now (cli/cards.py)."""
+        w = world() if tensor_parallel else None
+        key = (str(resolve(ref).path), weights) + (("sharded",) if w is not None and w.size > 1 else ())
+        if key not in self.loaded:
+            if len(key) > 2:
+                check_same_model(w, resolve(ref).path)
+            model, tokenizer, source = load(ref, return_source=True, weights=weights, cache=cache)
+            if len(key) > 2:
+                shard(model, w.group)
+            warm_up_compiler()
+            self.loaded[key] = LoadedModel(model, tokenizer, source, ModelCard(source.name, None, "none", tokenizer))
+        loaded = self.loaded[key]
+        if card and key not in self.carded:
+            status = ensure_model_card(loaded.model, loaded.tokenizer, loaded.source)
+            loaded = self.loaded[key] = replace(
+                loaded, card=ModelCard(loaded.name, status.path, status.kind, loaded.tokenizer)
+            )
+            self.carded.add(key)
+        return loaded
 
 
 def quiet_unless_root(w) -> None:
@@ -63,24 +76,6 @@ def warm_up_compiler():
     it runs: a Ctrl-C in that moment, the start of the first prefill, would be
     lost. One tiny compiled kernel moves that moment into the model load."""
     mx.eval(_fused(mx.array([1.0])))
-
-
-def build_sampler(name, tokenizer, model_name, config=None, **overrides):
-    """The sampler by name with the parameters it takes (sampling/parameters.py);
-    deliberate takes --budget instead, entropix also --reasoning."""
-    budget = overrides.pop("budget", None)
-    reasoning = overrides.pop("reasoning", False)
-    name, overrides, _ = sampling_request(name, overrides)
-    if name == "deliberate":
-        overrides = {"budget": budget}
-    return make_sampler(
-        name,
-        tokenizer=tokenizer,
-        model_name=model_name,
-        config=config if name in ("entropix", "deliberate") else None,
-        reasoning=reasoning and name == "entropix",
-        **overrides,
-    )
 
 
 def compute_path(model) -> str:

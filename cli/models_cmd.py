@@ -7,7 +7,7 @@ import typer
 
 from entropix_mlx.errors import ModelLoadError
 from entropix_mlx.model.loading import BUNDLED, DEFAULT_MODEL, bundled_path, resolve
-from entropix_mlx.sampling.cards import card_path, cards_dir, user_cards_dir
+from entropix_mlx.sampling.cards import cards_dir, shipped_card, user_cards_dir
 
 from . import render
 
@@ -43,7 +43,7 @@ def rows() -> list[tuple[str, str, str, str]]:
             path = str(bundled_path(alias))
         except ModelLoadError as e:
             path = f"(missing: {e})"
-        card = card_path(alias)
+        card = shipped_card(alias)
         kind = "bundled, default" if alias == DEFAULT_MODEL else "bundled"
         table.append((alias, kind, path, str(card) if card.is_file() else "(none)"))
     directory = cards_dir()

@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 
 from entropix_mlx.accel.weights import WEIGHT_FORMATS
-from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front.registry import SAMPLER_NAMES, spec_of
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
-from entropix_mlx.sampling.config import PRESETS, resolve_config
-from entropix_mlx.sampling.deliberate_config import resolve_deliberate
-from entropix_mlx.sampling.parameters import PARAMETERS, TAKE_PARAMETERS, sampling_request
+from entropix_mlx.sampling.config import PRESETS, SamplerConfig, resolve_config
+from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
+from entropix_mlx.sampling.parameters import PARAMETERS
 
 DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
 DEFAULT_MAX_TOKENS = 256
@@ -200,33 +200,39 @@ def check_options(
     model: str | None,
     budget: float | None = None,
     reasoning: bool = False,
-    **overrides,
-) -> str | None:
-    """Reject settings that cannot work before the model loads, so a mistake
-    costs a second, not a model load. Returns --config for make_sampler."""
-    given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
-    if sampler not in TAKE_PARAMETERS and given:  # a flag typed by hand that would do nothing: a slip
+    **params,
+) -> None:
+    """Reject options that would do nothing with `sampler` (a flag typed by hand
+    that changes nothing is a slip), before the model loads."""
+    spec = spec_of(sampler, SAMPLER_NAMES)
+    given = [f"--{k.replace('_', '-')}" for k, v in params.items() if v is not None]
+    if not spec.parameters and given:
         raise ConfigError(
             f"{', '.join(given)} has no effect with --sampler {sampler}; drop it or choose another sampler"
         )
-    if budget is not None and sampler != "deliberate":
+    if budget is not None and not spec.budget:
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
-    if reasoning and sampler != "entropix":
+    if reasoning and not spec.reasoning:
         raise ConfigError(f"--reasoning sets the entropix sampler; --sampler {sampler} does not use it")
-    if sampler == "deliberate":  # the card's [deliberate] table, a --config file's, then --budget
+
+
+def check_config(choice, config: str | None, model: str | None, budget=None, reasoning: bool = False) -> None:
+    """Read --config and the model's shipped card for the sampler that answers and
+    validate every value, so a mistake costs a second, not a model load."""
+    spec = spec_of(choice.asked)
+    if spec.settings is DeliberateConfig:  # the card's [deliberate] table, a --config file's, then --budget
         if config is not None and not Path(config).is_file():
             raise ConfigError(
-                f"--config {config} is not a file; for --sampler deliberate give a .toml file with a [deliberate] table"
+                f"--config {config} is not a file; for --sampler {choice.asked} give a .toml file with a "
+                "[deliberate] table"
             )
         resolve_deliberate(resolve(model).name, config, budget=budget)
-        return config
+        return
     if config is not None:
-        if sampler != "entropix":
-            raise ConfigError(f"--config sets the entropix sampler; --sampler {sampler} does not use it")
+        if spec.settings is not SamplerConfig:
+            raise ConfigError(f"--config sets the entropix sampler; --sampler {choice.asked} does not use it")
         if config not in PRESETS and not Path(config).is_file():
             what = "is a directory" if Path(config).is_dir() else "does not exist"
             raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(PRESETS)})")
-    answering, kept, _ = sampling_request(sampler, overrides)
-    if answering == "entropix":  # reads the card and the file, validates every value
-        resolve_config(resolve(model).name, config, reasoning, **kept)
-    return config
+    if choice.spec.settings is SamplerConfig:
+        resolve_config(resolve(model).name, config, reasoning, **choice.params)

@@ -14,18 +14,16 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.events import plain
-from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.sampling.parameters import sampling_request
-from entropix_mlx.sampling.penalties import make_penalties
-from entropix_mlx.sampling.strategies import sampler_strategies
+from entropix_mlx.front import choose
+from entropix_mlx.front.registry import sampler_legend
 
 from . import render
 from .deliberation import deliberation_progress
-from .loaded import build_sampler, header, load_model, quiet_unless_root, silence_stdout
+from .loaded import header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -48,12 +46,12 @@ from .options import (
     TopPOpt,
     VerboseOpt,
     WeightsOpt,
+    check_config,
     check_options,
 )
 from .signals import deferred, exit_code
 
 
-# Loaded models, by (resolved path, --weights): tests and the chat command reuse them in-process.
 def read_prompt(prompt: str) -> str:
     """The prompt text; '-' reads standard input, which must be UTF-8 text."""
     if prompt == "-":
@@ -90,6 +88,7 @@ def json_line(record: dict) -> str:
 
 
 def run(
+    ctx: typer.Context,
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The prompt; '-' reads it from standard input.")],
     model: ModelOpt = None,
     sampler: SamplerOpt = "entropix",
@@ -120,47 +119,38 @@ def run(
     verbose: VerboseOpt = False,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
-    overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    config = check_options(sampler, config, model, budget, reasoning, **overrides)
-    sampler, overrides, notes = sampling_request(sampler, overrides)  # temperature 0: greedy answers
-    if sampler == "deliberate":
-        overrides = {"budget": budget}
-    overrides["reasoning"] = reasoning
-    _check_run_options(sampler, html, raw, system)
+    params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    check_options(sampler, config, model, budget, reasoning, **params)
+    choice = choose(sampler, params)  # temperature 0: greedy answers
+    check_config(choice, config, model, budget, reasoning)
+    _check_run_options(choice, html, raw, system)
     text = read_prompt(prompt)
-    llm, tokenizer, source = load_model(
-        model, weights, tensor_parallel=True, card=sampler in ("entropix", "deliberate"), cache=not no_cache
-    )  # under mlx.launch: sharded
+    loaded = ctx.obj.load(model, weights, tensor_parallel=True, card=choice.spec.reads_card, cache=not no_cache)
+    llm, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source  # under mlx.launch: sharded
     w = world()
     quiet_unless_root(w)
-    chooser = build_sampler(sampler, tokenizer, source.name, config, **overrides)
+    ids = prompt_tokens(tokenizer, text, system, raw)
+    penalties = dict(presence=presence_penalty, frequency=frequency_penalty, repetition=repetition_penalty)
+    settings = {"budget": budget} if choice.spec.budget else {}
+    prepared = loaded.prepare(ids, choice, max_tokens, seed, penalties, config, reasoning, **settings)
+    chooser = prepared.sampler
     recorder = None
     if html is not None:  # records each token's top alternatives for the page's hover details
         # the server package only for --html: app.py imports this module at each start
         from entropix_mlx.server.export import AnswerRecorder
 
         recorder = AnswerRecorder(chooser, tokenizer)
-        chooser = recorder.sampler
-    ids = prompt_tokens(tokenizer, text, system, raw)
-    context = llm.args.max_position_embeddings
-    if len(ids) >= context:
-        raise ContextOverflowError(
-            f"the prompt has {len(ids)} tokens but the model's context holds {context}; shorten it"
-        )
-    room = context - len(ids)
+        chooser = prepared.sampler = recorder.sampler
     out, err, color = consoles(no_color, w.root)
-    for note in notes:
+    for note in prepared.notes:
         err.print(f"note: {note}", style=render.META_STYLE)
-    if max_tokens > room:  # stop at the end of the context rather than overflow it mid-answer
+    if prepared.clamped:  # stop at the end of the context rather than overflow it mid-answer
         err.print(
             f"warning: --max-tokens {max_tokens} is more than the context leaves after the prompt; "
-            f"the answer stops after {room} tokens",
+            f"the answer stops after {prepared.room} tokens",
             style=render.META_STYLE,
         )
-    penalties = make_penalties(presence_penalty, frequency_penalty, repetition_penalty, prompt=ids)
-    generation = generate(
-        llm, tokenizer, ids, chooser, max_tokens=min(max_tokens, room), seed=seed, penalties=penalties
-    )
+    generation = loaded.generate(prepared)
 
     def show(event):
         if recorder is not None:
@@ -175,11 +165,11 @@ def run(
         if not json_lines:
             err.print(header(source, chooser, seed, llm, verbose), style=render.META_STYLE)
             if color:
-                err.print(render.legend(sampler_strategies(chooser, llm.args.vocab_size)))
+                err.print(render.legend(sampler_legend(chooser, llm.args.vocab_size)))
             if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                 generation.on_row = deliberation_progress(err, tokenizer, color)
 
-    code, summary = stream(generation, begin, show, json_lines, out, cut_by_context=max_tokens > room)
+    code, summary = stream(generation, begin, show, json_lines, out, cut_by_context=prepared.clamped)
     if not json_lines:
         err.print(render.summary_line(summary))
     if recorder is not None and w.root:
@@ -188,8 +178,8 @@ def run(
     raise typer.Exit(code)
 
 
-def _check_run_options(sampler: str, html: Path | None, raw: bool, system: str | None) -> None:
-    if sampler == "deliberate" and html is not None:
+def _check_run_options(choice, html: Path | None, raw: bool, system: str | None) -> None:
+    if choice.spec.whole_answers and html is not None:
         raise ConfigError("--html records one token stream; --sampler deliberate does not support it yet")
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")

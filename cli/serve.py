@@ -13,7 +13,7 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import run_on_root, world
 from entropix_mlx.errors import ConfigError
 
-from .loaded import load_model, quiet_unless_root
+from .loaded import quiet_unless_root
 from .options import ModelOpt, NoCacheOpt, WeightsOpt
 
 
@@ -46,6 +46,7 @@ def _check_address(host: str, port: int):
 
 
 def serve(
+    ctx: typer.Context,
     model: ModelOpt = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes the server to the network.")
@@ -94,7 +95,8 @@ def serve(
         raise ConfigError("--api-key is empty; give a key or leave the option out")
     w = world()  # under mlx.launch: the model is split, rank 0 serves and the others follow it
     run_on_root(w, lambda: _check_address(host, port))  # the others stop quietly when it fails
-    llm, tokenizer, source = load_model(model, weights, tensor_parallel=True, cache=not no_cache)
+    loaded = ctx.obj.load(model, weights, tensor_parallel=True, cache=not no_cache)
+    source = loaded.source
     quiet_unless_root(w)
     if w.root and not _is_loopback(host) and not api_key:
         print(
@@ -107,9 +109,7 @@ def serve(
     from entropix_mlx.server import serve as run_server
 
     run_server(
-        llm,
-        tokenizer,
-        source.name,
+        loaded,
         host=host,
         port=port,
         api_key=api_key,

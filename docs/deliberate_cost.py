@@ -21,8 +21,8 @@ import mlx.core as mx
 
 import entropix_mlx
 from entropix_mlx.api import prompt_ids
-from entropix_mlx.decode.registry import DELIBERATE_RULES
 from entropix_mlx.eval import load_tasks
+from entropix_mlx.front.registry import SAMPLERS
 
 
 def main():
@@ -37,9 +37,7 @@ def main():
     samplers = {
         "greedy": entropix_mlx.make_sampler("greedy", model=model),
         "deliberate": entropix_mlx.make_sampler("deliberate", model=model),
-        "deliberate_staged": entropix_mlx.make_sampler(
-            "deliberate", model=model, **DELIBERATE_RULES["deliberate_staged"]
-        ),
+        "deliberate_staged": entropix_mlx.make_sampler("deliberate", model=model, **SAMPLERS["deliberate_staged"].rule),
     }
     mx.eval(model.parameters())
     weights = mx.get_active_memory()

@@ -16,7 +16,7 @@ from entropix_mlx.cli.run import build_sampler, header, load_model, prompt_token
 from rich.console import Console
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.sampling.strategies import sampler_strategies
+from entropix_mlx.front.registry import sampler_legend
 
 PROMPT = "Why is the sky blue?"
 SEED = 0
@@ -28,7 +28,7 @@ console = Console(
 )
 console.print(f'$ entropix-mlx run "{PROMPT}" --max-tokens 60')
 console.print(header(source, sampler, SEED), style=render.META_STYLE)
-console.print(render.legend(sampler_strategies(sampler)))
+console.print(render.legend(sampler_legend(sampler)))
 generation = generate(
     llm, tokenizer, prompt_tokens(tokenizer, PROMPT, None, raw=False), sampler, max_tokens=60, seed=SEED
 )

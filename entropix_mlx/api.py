@@ -19,71 +19,67 @@ native library into the process.
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from .decode.generate import generate as decode
 from .decode.prompt import encode_chat
-from .decode.registry import make_sampler as sampler_by_name
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError
 from .eval.usercard import ensure_card
+from .front import EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose
 from .model.loading import load as load_files
 from .sampling.config import resolve_config
 from .sampling.entropix import EntropixSampler
 from .sampling.mlx_lm_sampler import MlxLmSampler
-from .sampling.parameters import PARAMETERS, sampling_request
+from .sampling.parameters import PARAMETERS
 
 
-@dataclass(frozen=True)
-class ModelCard:
-    """What `load` binds to a model (`model.entropix_card`): where its settings come from."""
-
-    name: str  # the model's name, as cards are named (a GGUF file's stem, a directory's name)
-    path: Path | None  # its card; None: no card could be read or written, defaults run
-    kind: str  # "shipped", "user" (measured on an earlier first use), "measured" (now), "none"
-    tokenizer: object = field(repr=False, default=None)  # the thinking text is in the model's tokens
+def load_model(
+    path_or_alias: str | None = None, weights: str = "auto", progress: Callable | None = None, cache: bool = True
+) -> LoadedModel:
+    """The model `path_or_alias` (a GGUF file, a model directory, a Hugging Face
+    repo id or the bundled alias, default `smollm2-135m`) with its card: the front
+    door (`front.LoadedModel`) the CLI, the server and eval use. A model without a
+    card is measured once, now (16 prompts in one batch: seconds for a small
+    model); `progress(done, total)` follows it. A GGUF file's loaded form is kept
+    in the user cache and read from there on later loads (`cache=False`: the file itself)."""
+    model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights, cache=cache)
+    status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
+    loaded = LoadedModel(model, tokenizer, source, ModelCard(source.name, status.path, status.kind, tokenizer))
+    model.entropix_card = loaded.card
+    return loaded
 
 
 def load(path_or_alias: str | None = None, weights: str = "auto", progress: Callable | None = None, cache: bool = True):
-    """`(model, tokenizer)` for a GGUF file, a model directory, a Hugging Face
-    repo id or the bundled alias (default `smollm2-135m`), with the model's card
-    bound to the model. A model without a card is measured once, now (16
-    prompts in one batch: seconds for a small model); `progress(done, total)`
-    follows it. A GGUF file's loaded form is kept in the user cache and read
-    from there on later loads (`cache=False`: the file itself)."""
-    model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights, cache=cache)
-    status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
-    model.entropix_card = ModelCard(source.name, status.path, status.kind, tokenizer)
-    return model, tokenizer
+    """`(model, tokenizer)`, as mlx-lm's `load`, with the model's card bound to the
+    model (`model.entropix_card`), so `make_sampler(name, model=model)` takes
+    that model's settings (see `load_model`)."""
+    loaded = load_model(path_or_alias, weights, progress, cache)
+    return loaded.model, loaded.tokenizer
 
 
 def make_sampler(name: str = "entropix", model=None, **settings):
     """A sampler (`entropix`, `greedy`, `min_p`, `temperature`) or a whole-answer
-    decoder (`deliberate`) by name, with the settings of `model`'s card (a
-    model from `load`) under `settings`. Without a model, the defaults (for
-    `entropix`, the `reference` preset, tuned for Llama-3.2-1B), with a warning:
-    thresholds do not transfer between models. `reasoning=True` (entropix): the
-    card's settings for chains of thought (its [reasoning] table, else the
-    default reasoning profile)."""
+    decoder (`deliberate`, and eval's baselines) by name, with the settings of
+    `model`'s card (a model from `load`) under `settings`. Without a model, the
+    defaults (for `entropix`, the `reference` preset, tuned for Llama-3.2-1B),
+    with a warning: thresholds do not transfer between models. `reasoning=True`
+    (entropix): the card's settings for chains of thought (its [reasoning]
+    table, else the default reasoning profile)."""
     given = {k: settings.pop(k) for k in list(settings) if k in PARAMETERS}
-    name, taken, notes = sampling_request(name, given)  # the one rule the CLI and the server follow too
-    for note in notes:
+    choice = choose(name, given, EVAL_SAMPLER_NAMES)  # the one rule the CLI and the server follow too
+    for note in choice.notes:
         warnings.warn(note, stacklevel=2)
-    settings.update(taken)
     card = getattr(model, "entropix_card", None) if model is not None else None
     if model is not None and card is None:
         raise ConfigError("make_sampler(model=...) needs a model from entropix_mlx.load, which binds its card")
-    if card is None and name in ("entropix", "deliberate") and "config" not in settings:
+    if card is None and choice.spec.reads_card and "config" not in settings:
         warnings.warn(
             f"make_sampler('{name}') without model=: the default settings, not a card measured for your model; "
             "pass model= (a model from entropix_mlx.load)",
             stacklevel=2,
         )
     if card is None:
-        return sampler_by_name(name, **settings)
-    if card.path is not None and card.kind != "shipped":  # this model's own card, whatever else was loaded
-        settings.setdefault("config", str(card.path))
-    return sampler_by_name(name, tokenizer=card.tokenizer, model_name=card.name, **settings)
+        return build(choice.name, **choice.params, **settings)
+    return build(choice.name, card.tokenizer, card.ref, **choice.params, **settings)
 
 
 @dataclass
@@ -115,14 +111,10 @@ def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 25
     `sampler`: from `make_sampler` (default: entropix with the model's card).
     The answer stops where the model's context ends (finish reason "context")."""
     ids = prompt_ids(tokenizer, prompt)
-    room = model.args.max_position_embeddings - len(ids)
-    if room <= 0:
-        raise ContextOverflowError(
-            f"the prompt has {len(ids)} tokens and the model's context is {model.args.max_position_embeddings}; "
-            "shorten the prompt"
-        )
-    limit = min(max_tokens, room)
-    generation = decode(model, tokenizer, ids, sampler or make_sampler("entropix", model=model), limit, seed)
+    card = getattr(model, "entropix_card", None) or ModelCard(getattr(model, "name", "model"), None, "none")
+    loaded = LoadedModel(model, tokenizer, None, card)
+    prepared = loaded.prepare(ids, sampler or make_sampler("entropix", model=model), max_tokens, seed)
+    generation = loaded.generate(prepared)
     pending = None
     for count, event in enumerate(generation, 1):
         if pending is not None:
@@ -130,7 +122,7 @@ def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 25
         pending = Response(event.text, event.token, event.strategy, event.metrics, event.logprob, len(ids), count)
     if pending is not None:
         s = generation.summary()
-        finish = "context" if s.finish_reason == "length" and limit < max_tokens else s.finish_reason
+        finish = prepared.finish(s.finish_reason)
         yield dataclasses.replace(
             pending,
             finish_reason=finish,

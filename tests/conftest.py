@@ -20,8 +20,14 @@ import pytest
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+from pathlib import Path
+
+from entropix_mlx.cli.loaded import Shelf
+
+from entropix_mlx.front import LoadedModel, ModelCard
 from entropix_mlx.model.gguf import gguf_tokenizer
 from entropix_mlx.model.llama import Model, ModelArgs
+from entropix_mlx.model.loading import ModelSource
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -175,20 +181,28 @@ def smollm_float32(smollm):
     return smollm if weights_format(smollm[0]) == "float32" else load(weights="float32")
 
 
+# The models the in-process CLI commands of the tests load, each once (the CLI's own
+# loaded-model cache, handed to `main`): tests put tiny models on it under file names.
+SHELF = Shelf()
+
+
+def make_loaded(model, tokenizer, path, name: str = "tiny", card=None) -> LoadedModel:
+    """A `LoadedModel` of an in-memory model, as if loaded from `path`."""
+    source = ModelSource(str(path), Path(path), "gguf", name)
+    return LoadedModel(model, tokenizer, source, ModelCard(name, card, "user" if card else "none", tokenizer))
+
+
+def shelve(monkeypatch, path, loaded: LoadedModel) -> str:
+    """Make the CLI commands of this test load `loaded` for the model file `path`."""
+    monkeypatch.setitem(SHELF.loaded, (str(path), "auto"), loaded)
+    return str(path)
+
+
 @pytest.fixture
 def tiny_ref(tmp_path, monkeypatch):
     """A model reference that the CLI resolves, in this process, to a tiny random
     model (64-token context)."""
-    from entropix_mlx.cli import loaded
-
-    from entropix_mlx.model.loading import ModelSource
-
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
     model = make_tiny_model(max_position_embeddings=64)
-    monkeypatch.setitem(
-        loaded.LOADED,
-        (str(path), "auto"),
-        (model, make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "tiny")),
-    )
-    return str(path)
+    return shelve(monkeypatch, path, make_loaded(model, make_tiny_tokenizer(), path))

@@ -15,8 +15,8 @@ from conftest import make_tiny_model, make_tiny_tokenizer
 from mlx.utils import tree_flatten
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.distributed import world
+from entropix_mlx.front.registry import build
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.model.sharding import shard
 from entropix_mlx.sampling.metrics import step_metrics
@@ -43,11 +43,11 @@ def trace(model):
 
 
 def entropix_events(model, tokenizer):
-    return list(generate(model, tokenizer, PROMPT, make_sampler("entropix", tokenizer=tokenizer), STEPS, seed=7))
+    return list(generate(model, tokenizer, PROMPT, build("entropix", tokenizer=tokenizer), STEPS, seed=7))
 
 
 def answer(model, tokenizer, name):
-    sampler = make_sampler(name, tokenizer=tokenizer)
+    sampler = build(name, tokenizer=tokenizer)
     return [e.token for e in generate(model, tokenizer, PROMPT, sampler, max_tokens=STEPS, seed=7)]
 
 

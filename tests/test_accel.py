@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from conftest import SHELF
 from typer.testing import CliRunner
 
 from entropix_mlx.accel import blas, build
@@ -106,7 +107,9 @@ def test_the_run_header_says_when_the_fast_path_was_refused(tiny_ref, monkeypatc
     try:
         with CliRunner().isolation() as (_, err, _):
             with pytest.raises(SystemExit) as done:
-                main(["run", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "2", "--no-color", "hi"])
+                main(
+                    ["run", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "2", "--no-color", "hi"], shelf=SHELF
+                )
             sys.stderr.flush()
             header = err.getvalue().decode().splitlines()[0]
     finally:

@@ -14,10 +14,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.eval import bench
 from entropix_mlx.eval import profile as profiling
+from entropix_mlx.front.registry import build
 
 FIGURES = ("prefill_tps", "first_token_s", "decode_tps", "peak_memory_gb")
 
@@ -82,14 +82,14 @@ def test_runs_generate_exactly_the_tokens_asked_for_even_past_eos():
     tokenizer.eos_token_ids = {0}
     prompt = bench.bench_prompt(tokenizer, 5)
     # Without the bench's switch, both engines stop at once.
-    assert list(generate(model, tokenizer, prompt, make_sampler("greedy"), max_tokens=8)) == []
+    assert list(generate(model, tokenizer, prompt, build("greedy"), max_tokens=8)) == []
     from mlx_lm.generate import stream_generate
 
     assert [r.finish_reason for r in stream_generate(mlx_lm_twin(model), tokenizer, prompt, max_tokens=8)] == ["stop"]
 
     with bench.no_eos(tokenizer):
         theirs = run_alone(bench.start_mlx_lm(mlx_lm_twin(model), tokenizer, prompt, 8))
-        ours = run_alone(bench.start_entropix(model, tokenizer, prompt, 8, make_sampler("greedy", metrics=False)))
+        ours = run_alone(bench.start_entropix(model, tokenizer, prompt, 8, build("greedy", metrics=False)))
     assert theirs.gen_tokens == ours.gen_tokens == 8
     assert ours.strategy_counts == {"argmax": 8}
     assert tokenizer.eos_token_ids == {0}  # restored afterwards

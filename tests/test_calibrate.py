@@ -7,10 +7,10 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx import files
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.eval import calibrate as cal
 from entropix_mlx.eval import tune as tuning
-from entropix_mlx.sampling.cards import card_path
+from entropix_mlx.front.registry import build
+from entropix_mlx.sampling.cards import shipped_card
 from entropix_mlx.sampling.config import SamplerConfig, load_toml
 from entropix_mlx.sampling.metrics import METRIC_NAMES
 
@@ -75,19 +75,17 @@ def test_calibrate_runs_a_model_and_the_sampler_uses_the_card(tmp_path, monkeypa
     path, found, samples = cal.calibrate(model, tiny_tokenizer, "tiny", prompts=("Hi", "Count: 1 2 3"), max_tokens=3)
     assert path == tmp_path / "tiny.toml"
     assert 1 <= len(samples["entropy"]) <= 6 and set(samples) == set(METRIC_NAMES)
-    sampler = make_sampler("entropix", tiny_tokenizer, "tiny")
+    sampler = build("entropix", tiny_tokenizer, "tiny")
     assert "tiny.toml" in sampler.config_source
-    assert sampler.config.low_entropy == max(found["low_entropy"], cal.NEW_MODEL_FLOORS["low_entropy"])
+    assert sampler.config.low_entropy == max(found["low_entropy"], cal.new_model_floors()["low_entropy"])
 
 
 def test_a_new_models_thresholds_are_its_quantiles_never_below_the_bundled_cards():
-    bundled = load_toml(card_path("smollm2-135m"))
-    assert cal.NEW_MODEL_FLOORS == {k: getattr(bundled, k) for k in cal.NEW_MODEL_FLOORS}
     sure = dict(low_entropy=0.7, low_varentropy=2.0, medium_entropy=1.8, high_entropy=3.7, high_varentropy=10.5)
     unsure = dict(low_entropy=2.5, low_varentropy=8.0, medium_entropy=4.0, high_entropy=6.0, high_varentropy=14.0)
     for found in (sure, unsure):
         fields = cal.new_model_fields({**found, "think_varentropy": 1.0}, 151936)
-        for k, floor in cal.NEW_MODEL_FLOORS.items():
+        for k, floor in cal.new_model_floors().items():
             assert fields[k] == max(found[k], floor)
         assert fields["high_varentropy"] == fields["low_varentropy"] and fields["think_varentropy"] == 0.0
         SamplerConfig().replace(**fields)  # a valid config
@@ -95,9 +93,8 @@ def test_a_new_models_thresholds_are_its_quantiles_never_below_the_bundled_cards
 
 
 def test_bundled_card_is_committed_and_valid():
-    from entropix_mlx.sampling.cards import card_path
 
-    path = card_path("smollm2-135m")
+    path = shipped_card("smollm2-135m")
     data = tomllib.loads(path.read_text())
     config = load_toml(path)
     assert set(cal.QUANTILES) <= set(data["sampler"])

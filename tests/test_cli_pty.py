@@ -14,6 +14,7 @@ import termios
 import time
 
 import pytest
+from conftest import SHELF
 from entropix_mlx.cli.app import main
 from typer.testing import CliRunner
 
@@ -145,7 +146,7 @@ def test_run_colours_each_token_by_its_strategy_and_the_legend_matches():
     # The answer, token by token, as --json reports it for the same seed.
     with CliRunner().isolation() as (out, err, _):
         with pytest.raises(SystemExit) as exit_info:
-            main(RUN_ARGS[:1] + ["--json"] + RUN_ARGS[1:])
+            main(RUN_ARGS[:1] + ["--json"] + RUN_ARGS[1:], shelf=SHELF)
         sys.stdout.flush()
         records = [json.loads(line) for line in out.getvalue().decode().splitlines()][:-1]
     assert exit_info.value.code == 0

@@ -12,13 +12,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_tokenizer
+from conftest import SHELF, make_tiny_tokenizer
 from entropix_mlx.cli import chat as chat_cmd
 from entropix_mlx.cli import loaded, models_cmd
 from entropix_mlx.cli import run as run_cmd
 from entropix_mlx.cli.app import main
 from typer.testing import CliRunner
 
+from entropix_mlx.front import LoadedModel
 from entropix_mlx.sampling.samplers import GreedySampler
 
 ESC = "\x1b["
@@ -30,7 +31,7 @@ def invoke(*args, input=None):
     """(exit code, stdout, stderr) of `entropix-mlx ARGS` run in this process."""
     with CliRunner().isolation(input=input) as (out, err, _):
         try:
-            main([str(a) for a in args])
+            main([str(a) for a in args], shelf=SHELF)
         except SystemExit as e:
             code = e.code
         sys.stdout.flush()
@@ -194,7 +195,7 @@ class InterruptingSampler:
 
 def test_ctrl_c_during_an_answer_returns_to_the_prompt(tiny_ref, monkeypatch):
     sampler = InterruptingSampler()
-    monkeypatch.setattr(chat_cmd, "build_sampler", lambda *a, **k: sampler)
+    monkeypatch.setattr(LoadedModel, "sampler", lambda self, *a, **k: sampler)
     code, out, err = invoke("chat", "-m", tiny_ref, "--max-tokens", "5", input="one\ntwo\n/stats\n")
     assert code == 0, err
     assert out.count("stopped: interrupted") == 1
@@ -215,7 +216,12 @@ def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, mon
                     raise KeyboardInterrupt
                 yield event
 
-    monkeypatch.setattr(run_cmd, "generate", lambda *a, **k: SignalAfterCounting(*a, **k))
+    def generate(self, p, cache=None):
+        return SignalAfterCounting(
+            self.model, self.tokenizer, p.ids, p.sampler, p.max_tokens, p.seed, cache, p.penalties
+        )
+
+    monkeypatch.setattr(LoadedModel, "generate", generate)
     code, out, err = invoke("run", "-m", tiny_ref, "--json", "--raw", "--sampler", "greedy", "--max-tokens", "5", "hi")
     records = [json.loads(line) for line in out.splitlines()]
     assert code == 130, err
@@ -546,7 +552,7 @@ def test_the_header_says_how_the_model_runs_in_plain_words(tiny_ref, monkeypatch
     monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
     monkeypatch.setattr(loaded, "blas_name", lambda: "OpenBLAS + thin kernels")
     monkeypatch.setattr(loaded.backend, "blas_name", lambda: "OpenBLAS + thin kernels")
-    model = loaded.LOADED[(tiny_ref, "auto")][0]
+    model = SHELF.loaded[(tiny_ref, "auto")].model
     model.set_dtype(mx.float32)
     code, _, err = invoke("run", "-m", tiny_ref, "hi", "--sampler", "greedy", "--max-tokens", "2")
     head = err.splitlines()[0]

@@ -6,7 +6,8 @@ difference on the page's colours (the terminal recording's theme)."""
 import itertools
 import math
 
-from entropix_mlx.sampling.strategies import SAMPLER_STRATEGIES, STRATEGY_COLORS
+from entropix_mlx.front.registry import SAMPLERS
+from entropix_mlx.sampling.strategies import STRATEGY_COLORS
 from entropix_mlx.server.strategies import THEME_BACKGROUND, css_color
 
 # Linear-RGB matrices of Machado et al. (2009), severity 1.0.
@@ -90,7 +91,7 @@ def test_ciede2000_matches_published_pairs():
 
 def test_strategies_in_one_legend_are_told_apart_with_any_colour_vision():
     worst = []
-    for sampler, strategies in SAMPLER_STRATEGIES.items():
+    for sampler, strategies in ((name, spec.strategies) for name, spec in SAMPLERS.items()):
         for a, b in itertools.combinations(strategies, 2):
             if css_color(STRATEGY_COLORS[a]) == css_color(STRATEGY_COLORS[b]):
                 # One colour for two strategies only where a decoration tells them apart (split: underlined argmax).

@@ -2,8 +2,8 @@
 
 import pytest
 
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front.registry import build
 from entropix_mlx.sampling.config import SamplerConfig, load_toml, resolve_config
 
 
@@ -112,7 +112,7 @@ def test_card_is_used_and_reported(tmp_path, monkeypatch):
     settings.write_text("temperature = 0.5\n")
     cfg, source = resolve_config("m1", str(settings))
     assert (cfg.low_entropy, cfg.temperature) == (0.42, 0.5) and "settings.cfg" in source
-    sampler = make_sampler("entropix", None, "m1", top_k=None, min_p=0.05)
+    sampler = build("entropix", None, "m1", top_k=None, min_p=0.05)
     assert sampler.config.low_entropy == 0.42 and sampler.config.min_p == 0.05
     assert "m1.toml" in sampler.config_source
 
@@ -128,8 +128,8 @@ def test_a_card_without_a_sampler_table_is_no_calibrated_card(tmp_path, monkeypa
 
 def test_make_sampler_rejects_bad_values():
     with pytest.raises(ConfigError, match="'top_p'"):
-        make_sampler("temperature", top_p=0)
+        build("temperature", top_p=0)
     with pytest.raises(ConfigError, match="'temperature'"):
-        make_sampler("entropix", temperature=-1)
+        build("entropix", temperature=-1)
     with pytest.raises(ConfigError, match="unknown sampler 'magic'"):
-        make_sampler("magic")
+        build("magic")

@@ -411,13 +411,13 @@ def test_stopping_early_needs_a_vote():
 
 
 def test_the_earlier_rule_is_a_named_preset_over_the_card(tmp_path, monkeypatch):
-    from entropix_mlx.decode.registry import EVAL_SAMPLER_NAMES, make_sampler
+    from entropix_mlx.front.registry import EVAL_SAMPLER_NAMES, build
 
     (tmp_path / "m.toml").write_text(
         '[deliberate]\nfirst_alternatives = 3\nselector = "confidence_vote"\nstop_share = 1.0\n'
     )
     monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
-    now, before = make_sampler("deliberate", model_name="m"), make_sampler("deliberate_margin", model_name="m")
+    now, before = build("deliberate", card="m"), build("deliberate_margin", card="m")
     assert (now.config.selector, now.config.stop_share) == ("confidence_vote", 1.0)
     assert (before.config.selector, before.config.margin, before.config.stop_share) == ("continuation_margin", 0.1, 0.0)
     assert before.config.first_alternatives == 3 and before.name == "deliberate_margin"  # the card's candidates
@@ -425,12 +425,12 @@ def test_the_earlier_rule_is_a_named_preset_over_the_card(tmp_path, monkeypatch)
 
 
 def test_two_more_budgets_are_named_presets(tmp_path, monkeypatch):
-    from entropix_mlx.decode.registry import EVAL_SAMPLER_NAMES, make_sampler
+    from entropix_mlx.front.registry import EVAL_SAMPLER_NAMES, build
 
     (tmp_path / "m.toml").write_text("[deliberate]\nfirst_alternatives = 2\nmax_branch_points = 2\nbudget = 6.0\n")
     monkeypatch.setattr("entropix_mlx.sampling.cards.cards_dir", lambda: tmp_path)
-    narrow, wide = make_sampler("deliberate_narrow", model_name="m"), make_sampler("deliberate_wide", model_name="m")
-    staged = make_sampler("deliberate_staged", model_name="m")
+    narrow, wide = build("deliberate_narrow", card="m"), build("deliberate_wide", card="m")
+    staged = build("deliberate_staged", card="m")
     assert (narrow.config.first_stage, wide.config.first_stage, staged.config.first_stage) == (0, 0, 1)
     for d, first in ((narrow, 1), (wide, 4), (staged, 4)):
         cfg = d.config

@@ -94,9 +94,9 @@ def test_the_staged_config_in_docs_is_the_preset():
     """docs/deliberate.md gives run/chat/serve the deliberate_staged preset as a --config table."""
     import tomllib
 
-    from entropix_mlx.decode.registry import DELIBERATE_RULES
+    from entropix_mlx.front.registry import SAMPLERS
 
     doc = (ROOT / "docs" / "deliberate.md").read_text()
     block = re.search(r"```toml\n(\[deliberate\]\s+# deliberate_staged\n.*?)```", doc, re.S)
     assert block, "docs/deliberate.md has no [deliberate] table for deliberate_staged"
-    assert tomllib.loads(block.group(1))["deliberate"] == DELIBERATE_RULES["deliberate_staged"]
+    assert tomllib.loads(block.group(1))["deliberate"] == SAMPLERS["deliberate_staged"].rule

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.front.registry import build
 from entropix_mlx.model.cache import cache_length, make_cache
 from entropix_mlx.sampling.candidates import filter_sorted, top_candidates
 from entropix_mlx.sampling.config import SamplerConfig
@@ -223,7 +223,7 @@ def test_same_key_same_choice_different_keys_differ():
 
 def test_think_inserts_the_cards_text_not_twice_in_a_row_and_at_most_n_times(tiny_tokenizer):
     config = SamplerConfig(thinking_text=" Wait,", max_thinking_insertions=2)
-    sampler = make_sampler("entropix", tiny_tokenizer, config=config)
+    sampler = build("entropix", tiny_tokenizer, config=config)
     expected = tiny_tokenizer.encode(" Wait,", add_special_tokens=False)
     assert sampler.thinking_tokens == expected and len(expected) == 6
     history, seen = [], []
@@ -330,7 +330,7 @@ def test_branch_without_a_model_samples_one_token_with_branch_parameters():
 
 def test_generation_with_branches_matches_a_replay(tiny_tokenizer):
     model = smooth_model()
-    sampler = make_sampler("entropix", tiny_tokenizer, config=SamplerConfig(**ALWAYS_BRANCH))
+    sampler = build("entropix", tiny_tokenizer, config=SamplerConfig(**ALWAYS_BRANCH))
     prompt = [1, 72, 105]
     events = list(generate(model, tiny_tokenizer, prompt, sampler, max_tokens=7, seed=3))
     tokens = [e.token for e in events]
@@ -345,10 +345,10 @@ def test_generation_with_branches_matches_a_replay(tiny_tokenizer):
 def test_baselines_report_metrics_unless_switched_off():
     s = step(MODERATE)
     for name in ("greedy", "temperature", "min_p"):
-        choice = make_sampler(name).choose(s, mx.random.key(0))
+        choice = build(name).choose(s, mx.random.key(0))
         assert choice.metrics == pytest.approx(metrics_of(MODERATE), rel=1e-5, abs=1e-6), name
         assert set(choice.params) == {"temperature", "top_k", "top_p", "min_p"}
-        assert make_sampler(name, metrics=False).choose(s, mx.random.key(0)).metrics == {}
+        assert build(name, metrics=False).choose(s, mx.random.key(0)).metrics == {}
 
 
 # -- the real model (slow) ----------------------------------------------------------------------
@@ -357,7 +357,7 @@ def test_baselines_report_metrics_unless_switched_off():
 def _answer(smollm, prompt, seed, max_tokens=10, sampler=None):
     model, tokenizer = smollm
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    sampler = sampler or make_sampler("entropix", tokenizer, "smollm2-135m")
+    sampler = sampler or build("entropix", tokenizer, "smollm2-135m")
     generation = generate(model, tokenizer, ids, sampler, max_tokens=max_tokens, seed=seed)
     return [(e.token, e.strategy) for e in generation], generation.summary()
 
@@ -370,7 +370,7 @@ def test_seed_reproduces_and_different_seeds_differ(smollm):
     assert a == b
     # The tuned card samples almost never (branch by confidence is deterministic), so the
     # seed's effect is checked with the reference preset, which samples at most steps.
-    reference = lambda: make_sampler("entropix", smollm[1], config="reference")  # noqa: E731
+    reference = lambda: build("entropix", smollm[1], config="reference")  # noqa: E731
     c, _ = _answer(smollm, prompt, seed=1, sampler=reference())
     d, _ = _answer(smollm, prompt, seed=1, sampler=reference())
     e, _ = _answer(smollm, prompt, seed=2, sampler=reference())
@@ -387,7 +387,7 @@ def test_calibrated_card_spreads_the_strategies(smollm):
     from entropix_mlx.sampling.config import STRATEGIES
 
     _, tokenizer = smollm
-    card = make_sampler("entropix", tokenizer, "smollm2-135m")
+    card = build("entropix", tokenizer, "smollm2-135m")
     assert "smollm2-135m.toml" in card.config_source
     # The thresholds as calibrated (README's table), before `calibrate --tune` moved three of
     # them to send uncertain states to the confidence branch; the reference branch.
@@ -400,7 +400,7 @@ def test_calibrated_card_spreads_the_strategies(smollm):
         branch_select="logprob",
         branch_rollout_tokens=2,
     )
-    sampler = make_sampler("entropix", tokenizer, config=calibrated)
+    sampler = build("entropix", tokenizer, config=calibrated)
     counts = {}
     prompts = [
         "Write a short poem about the sea.",

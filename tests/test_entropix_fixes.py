@@ -11,7 +11,7 @@ import pytest
 from test_entropix import ALWAYS_BRANCH, ATTENTION, FLAT, greedy_path, path_logprobs, smooth_model
 
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.front.registry import build
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.sampling.config import SamplerConfig
 from entropix_mlx.sampling.entropix import EntropixSampler, decide
@@ -143,7 +143,7 @@ def test_branching_generation_loops_less_than_greedy_on_a_tiny_model(tiny_tokeni
         config = SamplerConfig(repetition_penalty=penalty, **ALWAYS_BRANCH)
         tokens = []
         for seed in range(3):
-            sampler = make_sampler("entropix", tiny_tokenizer, config=config)
+            sampler = build("entropix", tiny_tokenizer, config=config)
             tokens.append([e.token for e in generate(model, tiny_tokenizer, prompt, sampler, max_tokens=n, seed=seed)])
         share[penalty] = np.mean([repeated_ngram_share(t) for t in tokens])
     assert repeated_ngram_share(greedy) > 0.5, greedy  # the failure: greedy loops

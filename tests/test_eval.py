@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import loaded
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import ModelSource
 
 # -- answer extraction ------------------------------------------------------------
 
@@ -397,8 +395,7 @@ def tiny_ref(tmp_path, monkeypatch, tiny):
     """A --model reference the CLI resolves to the tiny model."""
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
-    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
-    return str(path)
+    return shelve(monkeypatch, path, make_loaded(*tiny, path))
 
 
 def test_eval_command_json_and_out(tiny_ref, tmp_path):

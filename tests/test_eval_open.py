@@ -8,17 +8,15 @@ import random
 
 import mlx.core as mx
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
 from entropix_mlx.cli import eval as eval_cmd
-from entropix_mlx.cli import loaded
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
 from entropix_mlx.decode.engine import generate_batch
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import ModelSource
+from entropix_mlx.front.registry import build
 from entropix_mlx.sampling.samplers import Choice
 
 # -- metrics of one output ----------------------------------------------------------
@@ -127,7 +125,7 @@ def test_sequence_logprobs_equal_what_the_sampler_saw():
                 model,
                 tokenizer,
                 [Request(prompt, seed=3, max_tokens=12)],
-                lambda: make_sampler(name, tokenizer=tokenizer, metrics=False),
+                lambda: build(name, tokenizer=tokenizer, metrics=False),
             )
         )
         assert len(result.tokens) >= 2
@@ -297,8 +295,7 @@ def test_prompt_file_lines(tmp_path):
 def tiny_ref(tmp_path, monkeypatch, tiny):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
-    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (*tiny, ModelSource(str(path), path, "gguf", "tiny")))
-    return str(path)
+    return shelve(monkeypatch, path, make_loaded(*tiny, path))
 
 
 def test_open_command_end_to_end(tiny_ref, tmp_path):

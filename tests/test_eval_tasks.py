@@ -9,14 +9,12 @@ from collections import Counter
 from fractions import Fraction
 
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import loaded
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx import eval as ev
 from entropix_mlx.data import make_builtin
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import ModelSource
 
 ITEMS = make_builtin.generate()
 TASKS = ev.load_tasks(ev.builtin_tasks_path())
@@ -263,9 +261,7 @@ def tiny_ref(tmp_path, monkeypatch):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"")
     model, tokenizer = make_tiny_model(tie_word_embeddings=False), make_tiny_tokenizer()
-    source = ModelSource(str(path), path, "gguf", "tiny")
-    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), (model, tokenizer, source))
-    return str(path)
+    return shelve(monkeypatch, path, make_loaded(model, tokenizer, path))
 
 
 def test_accuracy_by_category():

@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import SHELF
 from entropix_mlx.cli.app import main
 from gguf_writer import write_gguf
 from test_gguf_families import FAMILIES, mlx_lm_model
@@ -35,7 +36,7 @@ def with_tensor_type(src, dst, new_type: int):
 
 def run_cli(capsys, *args):
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", *args, "--max-tokens", "1"])
+        main(["run", *args, "--max-tokens", "1"], shelf=SHELF)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err

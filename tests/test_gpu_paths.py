@@ -40,12 +40,12 @@ def test_the_gpu_paths_give_the_cpu_paths_tokens_and_metrics(tiny_tokenizer, fam
 def test_the_bundled_model_on_the_gpu_paths(smollm_float32, on_cpu):
     model, tokenizer = smollm_float32
     from entropix_mlx.decode.prompt import encode_chat
-    from entropix_mlx.decode.registry import make_sampler
+    from entropix_mlx.front.registry import build
 
     prompt = encode_chat(tokenizer, [{"role": "user", "content": "How many legs does a spider have?"}])
-    cpu = run(model, tokenizer, prompt, make_sampler("entropix", tokenizer=tokenizer, model_name="smollm2-135m"))
+    cpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"))
     with cpu_math.gpu_paths():
-        gpu = run(model, tokenizer, prompt, make_sampler("entropix", tokenizer=tokenizer, model_name="smollm2-135m"))
+        gpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"))
     assert [t for t, _, _ in gpu] == [t for t, _, _ in cpu]
     for (_, _, a), (_, _, b) in zip(cpu, gpu, strict=True):
         assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-3, abs=1e-3)

@@ -10,7 +10,6 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import chat as chat_cmd
 from entropix_mlx.cli import run as run_cmd
 from test_cli_run import cli_command, invoke, one_error_line, rest_of
 from test_loading import GGUF_CONFIG, write_gguf
@@ -20,6 +19,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.eval import calibrate as calibration
+from entropix_mlx.front import LoadedModel
 from entropix_mlx.sampling.samplers import Choice, GreedySampler
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
@@ -49,8 +49,7 @@ class ScriptedSampler:
 
 
 def use_sampler(monkeypatch, sampler):
-    monkeypatch.setattr(run_cmd, "build_sampler", lambda *a, **k: sampler)
-    monkeypatch.setattr(chat_cmd, "build_sampler", lambda *a, **k: sampler)
+    monkeypatch.setattr(LoadedModel, "sampler", lambda self, *a, **k: sampler)
 
 
 def strict_json(line: str):

@@ -3,6 +3,7 @@ rank 0's messages on its own engine, and stops with one error when its tokens
 are not rank 0's."""
 
 import pytest
+from conftest import make_loaded
 
 from entropix_mlx.distributed import World
 from entropix_mlx.errors import DistributedError
@@ -36,7 +37,7 @@ class Messages:
 
 
 def follower(tiny_model, tiny_tokenizer, messages) -> Engine:
-    return Engine(tiny_model, tiny_tokenizer, "tiny", lockstep=Messages(messages), worker=False)
+    return Engine(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"), lockstep=Messages(messages), worker=False)
 
 
 def test_a_follower_replays_rank_0s_requests_to_their_end(tiny_model, tiny_tokenizer):

@@ -6,22 +6,26 @@ import pytest
 from test_cli_run import invoke
 
 from entropix_mlx import api
-from entropix_mlx.decode.registry import SAMPLER_NAMES
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.sampling.parameters import PARAMETERS, sampling_request
+from entropix_mlx.front import choose
+from entropix_mlx.front.registry import SAMPLER_NAMES
+from entropix_mlx.sampling.parameters import PARAMETERS
 from entropix_mlx.server.schema import APIError, parse
 
 BODY = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 def test_the_rule():
-    assert sampling_request("entropix", {"temperature": 0.5, "top_p": None}) == ("entropix", {"temperature": 0.5}, [])
-    name, kept, notes = sampling_request("min_p", {"temperature": 0, "min_p": 0.1})
-    assert (name, kept) == ("greedy", {}) and "temperature 0" in notes[0]
-    name, kept, notes = sampling_request("deliberate", {"top_k": 5})
-    assert (name, kept) == ("deliberate", {}) and "top_k ignored" in notes[0]
+    c = choose("entropix", {"temperature": 0.5, "top_p": None})
+    assert (c.name, c.params, c.notes) == ("entropix", {"temperature": 0.5}, ())
+    c = choose("min_p", {"temperature": 0, "min_p": 0.1})
+    assert (c.asked, c.name, c.params) == ("min_p", "greedy", {}) and "temperature 0" in c.notes[0]
+    c = choose("deliberate", {"top_k": 5})
+    assert (c.name, c.params) == ("deliberate", {}) and "top_k ignored" in c.notes[0]
     with pytest.raises(ConfigError, match=r"'top_p' = 1.5 is invalid: must be in \(0, 1\]"):
-        sampling_request("entropix", {"top_p": 1.5})
+        choose("entropix", {"top_p": 1.5})
+    with pytest.raises(ConfigError, match="unknown sampler 'cisc'"):
+        choose("cisc")  # an eval baseline: not a name run, chat and serve take
     assert PARAMETERS["min_p"].problem(1.0) and not PARAMETERS["min_p"].problem(0.0)
     assert PARAMETERS["top_k"].problem(2.5) == "must be a whole number"
 
@@ -48,4 +52,4 @@ def test_temperature_zero_means_greedy_everywhere(tiny_ref):
     with pytest.warns(UserWarning, match="temperature 0"):
         assert api.make_sampler("min_p", temperature=0).name == "greedy"
     p = parse({**BODY, "temperature": 0}, True, SAMPLER_NAMES)
-    assert sampling_request(p.sampler, p.overrides)[0] == "greedy"
+    assert choose(p.sampler, p.overrides).name == "greedy"

@@ -9,9 +9,9 @@ from conftest import make_tiny_model
 from entropix_mlx.decode.deliberate import DeliberateGeneration
 from entropix_mlx.decode.engine import generate_batch
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front.registry import SAMPLER_NAMES, build
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.penalties import Penalties, make_penalties
 from entropix_mlx.server.schema import APIError, parse
@@ -57,11 +57,11 @@ def test_a_strong_presence_penalty_never_repeats_a_token_with_any_sampler():
     presence penalty makes every decision a new token, whatever the sampler, in
     a single stream and in the batch engine."""
     model, tokenizer = tiny_setup()
-    greedy = [e.token for e in generate(model, tokenizer, PROMPT, make_sampler("greedy"), max_tokens=24)]
+    greedy = [e.token for e in generate(model, tokenizer, PROMPT, build("greedy"), max_tokens=24)]
     assert len(set(greedy)) < len(greedy)  # it repeats without the penalty
     penalties = make_penalties(presence=100.0, prompt=PROMPT)
     for name in SAMPLER_NAMES:
-        sampler = make_sampler(name, tokenizer=tokenizer, model_name="tiny")
+        sampler = build(name, tokenizer=tokenizer, card="tiny")
         out = [e.token for e in generate(model, tokenizer, PROMPT, sampler, 24, seed=1, penalties=penalties)]
         assert len(out) == len(set(out)) and len(out) > 1, (name, out)
     for name in ("greedy", "entropix", "min_p"):
@@ -69,7 +69,7 @@ def test_a_strong_presence_penalty_never_repeats_a_token_with_any_sampler():
             model,
             tokenizer,
             [Request(PROMPT, seed, 24, penalties) for seed in range(3)],
-            lambda name=name: make_sampler(name, tokenizer=tokenizer, model_name="tiny"),
+            lambda name=name: build(name, tokenizer=tokenizer, card="tiny"),
             batch_size=3,
         )
         for _, result, _ in rows:
@@ -82,14 +82,14 @@ def test_greedy_takes_the_argmax_of_the_penalised_logits():
     model, tokenizer = tiny_setup()
     kw = {"presence": 5.0, "frequency": 3.0, "repetition": 2.5}  # the tiny model's logits span ~80
     penalties = make_penalties(**kw, prompt=PROMPT)
-    answer = [e.token for e in generate(model, tokenizer, PROMPT, make_sampler("greedy"), 16, penalties=penalties)]
-    plain = [e.token for e in generate(model, tokenizer, PROMPT, make_sampler("greedy"), 16)]
+    answer = [e.token for e in generate(model, tokenizer, PROMPT, build("greedy"), 16, penalties=penalties)]
+    plain = [e.token for e in generate(model, tokenizer, PROMPT, build("greedy"), 16)]
     assert answer != plain
     for i, token in enumerate(answer):
         logits, _ = model(mx.array([PROMPT + answer[:i]]))
         expected = by_hand(np.array(logits[0, -1].astype(mx.float32)), PROMPT, answer[:i], **kw)
         assert token == int(np.argmax(expected)), i
-    (_, batched, _), *_ = generate_batch(model, tokenizer, [Request(PROMPT, 0, 16, penalties)], make_sampler)
+    (_, batched, _), *_ = generate_batch(model, tokenizer, [Request(PROMPT, 0, 16, penalties)], lambda: build("greedy"))
     assert batched.tokens == answer
 
 

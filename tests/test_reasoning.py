@@ -5,11 +5,11 @@ server request's `reasoning` field and the Python API's `reasoning=True`."""
 import json
 
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 from test_cli_run import invoke, one_error_line
 
-from entropix_mlx.decode.registry import SAMPLER_NAMES, make_sampler
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front.registry import SAMPLER_NAMES, build
 from entropix_mlx.sampling.config import REASONING, SamplerConfig, reasoning_profile, resolve_config
 
 
@@ -58,12 +58,9 @@ def test_a_bad_reasoning_table_is_one_line_naming_the_setting(cards):
 
 
 def test_only_entropix_has_a_profile(cards):
-    assert all(
-        getattr(make_sampler("entropix", model_name="plain", reasoning=True).config, k) == v
-        for k, v in REASONING.items()
-    )
+    assert all(getattr(build("entropix", card="plain", reasoning=True).config, k) == v for k, v in REASONING.items())
     with pytest.raises(ConfigError, match="the greedy sampler has none"):
-        make_sampler("greedy", reasoning=True)
+        build("greedy", reasoning=True)
 
 
 def test_run_reasoning_is_refused_for_another_sampler():
@@ -85,7 +82,7 @@ def test_a_request_asks_for_the_profile():
     from entropix_mlx.server.app import Server
     from entropix_mlx.server.schema import APIError, parse
 
-    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    engine = Engine(make_loaded(make_tiny_model(), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
     try:
         server = Server(engine)
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

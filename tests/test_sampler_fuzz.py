@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.front.registry import build
 from entropix_mlx.sampling.metrics import METRIC_NAMES
 from entropix_mlx.sampling.samplers import Step
 
@@ -79,7 +79,7 @@ def test_samplers_always_return_a_valid_token(case):
     seed, logits, scores, name, params, kind = case
     if name == "greedy":
         params = {}
-    sampler = make_sampler(name, **params)
+    sampler = build(name, **params)
     sampler.reset()
     step = Step(mx.array(logits), [mx.array(s) for s in scores], tokens=[])
     choice = sampler.choose(step, mx.random.key(seed))
@@ -103,15 +103,15 @@ def test_greedy_without_logprobs_chooses_what_the_full_path_chooses(case):
     what it repaired, whatever the logits: NaN, infinities, all masked, huge."""
     seed, logits, scores, _, _, kind = case
     step = Step(mx.array(logits), [mx.array(s) for s in scores], tokens=[])
-    full = make_sampler("greedy", metrics=False).choose(step, mx.random.key(seed))
-    bare = make_sampler("greedy", metrics=False, logprobs=False).choose(step, mx.random.key(seed))
+    full = build("greedy", metrics=False).choose(step, mx.random.key(seed))
+    bare = build("greedy", metrics=False, logprobs=False).choose(step, mx.random.key(seed))
     assert bare.tokens == full.tokens and bare.note == full.note, kind
     assert bare.logprobs == [None] and bare.metrics == {}
     assert bare.params == full.params and bare.strategy == full.strategy
 
 
 def test_greedy_keeps_its_logprobs_when_it_computes_metrics():
-    sampler = make_sampler("greedy", logprobs=False)  # metrics on: the log-probability comes with them
+    sampler = build("greedy", logprobs=False)  # metrics on: the log-probability comes with them
     choice = sampler.choose(Step(mx.array([0.0, 2.0, 1.0]), [mx.zeros((1, 2))], []), mx.random.key(0))
     assert choice.tokens == [1] and choice.logprobs[0] == pytest.approx(2.0 - np.log(1 + np.e**2 + np.e))
 
@@ -123,7 +123,7 @@ class TestEdgeLogits:
     scores = [mx.array(np.random.default_rng(0).normal(size=(2, 5)).astype(np.float32))]
 
     def choose(self, name, logits, **params):
-        sampler = make_sampler(name, **params)
+        sampler = build(name, **params)
         return sampler.choose(Step(mx.array(np.asarray(logits, np.float32)), self.scores, tokens=[]), mx.random.key(3))
 
     def test_all_but_one_masked_returns_the_survivor(self, name):
@@ -167,7 +167,5 @@ class TestEdgeLogits:
 @pytest.mark.parametrize("name", ["temperature", "min_p", "entropix"])  # greedy takes no filter parameters
 def test_top_k_beyond_vocabulary_and_min_p_near_one(name):
     logits = mx.array(np.linspace(0, 3, 20).astype(np.float32))
-    choice = make_sampler(name, top_k=10_000, min_p=0.999).choose(
-        Step(logits, TestEdgeLogits.scores, []), mx.random.key(1)
-    )
+    choice = build(name, top_k=10_000, min_p=0.999).choose(Step(logits, TestEdgeLogits.scores, []), mx.random.key(1))
     assert choice.tokens[:1] == [19]  # min_p near 1 keeps only the most likely token

@@ -4,9 +4,9 @@ says so in its header, and a legend lists only the strategies the card can choos
 import pytest
 from test_cli_run import invoke
 
-from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.front.registry import build, deterministic, legend, sampler_legend
 from entropix_mlx.sampling.config import SamplerConfig
-from entropix_mlx.sampling.strategies import deterministic, legend_strategies, max_entropy, sampler_strategies
+from entropix_mlx.sampling.strategies import max_entropy
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ from entropix_mlx.sampling.strategies import deterministic, legend_strategies, m
     ],
 )
 def test_which_samplers_are_deterministic(tiny_tokenizer, name, overrides, expected):
-    assert deterministic(make_sampler(name, tiny_tokenizer, **overrides)) is expected
+    assert deterministic(build(name, tiny_tokenizer, **overrides)) is expected
 
 
 def test_a_deterministic_sampler_says_so_instead_of_a_seed(tiny_ref):
@@ -46,7 +46,7 @@ def test_the_seed_changes_a_sampling_answer(tiny_ref):
 
 def test_the_legend_leaves_out_strategies_the_card_gives_no_step():
     full = SamplerConfig()  # the reference preset: every strategy can fire
-    assert legend_strategies("entropix", full, 49152) == ["argmax", "think", "branch", "resample", "adaptive"]
+    assert legend("entropix", full, 49152) == ["argmax", "think", "branch", "resample", "adaptive"]
     card = full.replace(
         strategies=("argmax", "think", "branch", "resample", "adaptive"),
         think_varentropy=0.0,  # no varentropy is below 0
@@ -54,15 +54,15 @@ def test_the_legend_leaves_out_strategies_the_card_gives_no_step():
         high_varentropy=6.0,
         low_varentropy=6.0,
     )
-    assert legend_strategies("entropix", card, 49152) == ["argmax", "branch", "adaptive"]
-    assert legend_strategies("entropix", card, 10**6) == ["argmax", "branch", "resample", "adaptive"]
-    assert legend_strategies("entropix", card.replace(strategies=("argmax",)), 49152) == ["argmax", "adaptive"]
+    assert legend("entropix", card, 49152) == ["argmax", "branch", "adaptive"]
+    assert legend("entropix", card, 10**6) == ["argmax", "branch", "resample", "adaptive"]
+    assert legend("entropix", card.replace(strategies=("argmax",)), 49152) == ["argmax", "adaptive"]
 
 
 def test_the_bundled_cards_legend(tiny_tokenizer):
-    sampler = make_sampler("entropix", tiny_tokenizer, model_name="smollm2-135m")
-    assert sampler_strategies(sampler, 49152) == ["argmax", "branch", "adaptive"]
-    assert sampler_strategies(make_sampler("entropix", tiny_tokenizer, config="reference"), 49152) == [
+    sampler = build("entropix", tiny_tokenizer, card="smollm2-135m")
+    assert sampler_legend(sampler, 49152) == ["argmax", "branch", "adaptive"]
+    assert sampler_legend(build("entropix", tiny_tokenizer, config="reference"), 49152) == [
         "argmax",
         "think",
         "branch",

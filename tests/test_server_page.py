@@ -6,6 +6,7 @@ import re
 import sys
 
 import pytest
+from conftest import SHELF
 from playwright.sync_api import sync_playwright
 from serving import CHROMIUM_ARGS, KEY, chromium_path, running_server
 
@@ -180,7 +181,10 @@ def test_run_html_writes_the_same_kind_of_page(browser, tmp_path):
 
     path = tmp_path / "run.html"
     with pytest.raises(SystemExit) as exit_:
-        main(["run", "What is 2+2?", "--sampler", "greedy", "--max-tokens", "5", "--html", str(path), "--no-color"])
+        main(
+            ["run", "What is 2+2?", "--sampler", "greedy", "--max-tokens", "5", "--html", str(path), "--no-color"],
+            shelf=SHELF,
+        )
     sys.stdout.flush()
     assert exit_.value.code == 0
     view = browser.new_page()
@@ -197,7 +201,7 @@ def test_run_html_refuses_a_missing_folder(tmp_path, capsys):
     from entropix_mlx.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["run", "Hi", "--html", str(tmp_path / "nope" / "a.html")])
+        main(["run", "Hi", "--html", str(tmp_path / "nope" / "a.html")], shelf=SHELF)
     assert exit_.value.code == 2
     assert "folder does not exist" in capsys.readouterr().err
 

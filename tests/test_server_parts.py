@@ -3,11 +3,11 @@ prompt-prefix cache, request validation. Tiny models only: milliseconds."""
 
 import mlx.core as mx
 import pytest
-from conftest import make_tiny_model
+from conftest import SHELF, make_tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entropix_mlx.decode.registry import SAMPLER_NAMES
+from entropix_mlx.front.registry import SAMPLER_NAMES
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.server.prefix_cache import PrefixCache
 from entropix_mlx.server.schema import APIError, parse
@@ -167,7 +167,7 @@ def run_cli(args, capsys):
     from entropix_mlx.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(args)
+        main(args, shelf=SHELF)
     return exit_.value.code, capsys.readouterr().err
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import uvicorn
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 from serving import free_port, get, request
 
 from entropix_mlx.server import Engine, PrefixCache
@@ -23,7 +23,7 @@ ORIGIN = "http://app.example"
 
 @pytest.fixture(scope="module")
 def tiny_server():
-    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    engine = Engine(make_loaded(make_tiny_model(), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(engine, allow_origins=[ORIGIN]), host="127.0.0.1", port=port, log_level="warning")
@@ -163,7 +163,7 @@ def test_the_one_model_answers_whatever_name_a_request_gives(tiny_server):
 def test_strict_model_refuses_other_names_and_takes_its_aliases():
     from starlette.testclient import TestClient
 
-    engine = Engine(make_tiny_model(), make_tiny_tokenizer(), "tiny", PrefixCache(4, 4096))
+    engine = Engine(make_loaded(make_tiny_model(), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
     client = TestClient(create_app(engine, strict_model=True, aliases=("chat-model",)))
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     for name, status in (("gpt-4", 404), ("/etc/passwd", 404), ("chat-model", 200), ("tiny", 200)):

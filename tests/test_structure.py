@@ -5,6 +5,7 @@ The walker reads the source with `ast` (nothing is imported), so it sees every
 import: at module level, inside functions, under `if TYPE_CHECKING:`."""
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,7 +193,7 @@ def test_library_has_no_terminal_code(package):
 
 # The packages in layers, lowest first: each may import only the ones before it
 # (and the top-level modules errors and files), so no concept reaches up.
-LAYERS = ("accel", "model", "sampling", "decode", ("eval", "server"))
+LAYERS = ("accel", "model", "sampling", "decode", "front", ("eval", "server"))
 
 
 def layer_of(name: str) -> int | None:
@@ -222,6 +223,64 @@ def test_packages_import_only_the_layers_below_them(package):
             "a package imports one above or beside it (" + " < ".join(map(str, LAYERS)) + "):\n" + "\n".join(found),
             False,
         )
+
+
+# What builds a sampler or prepares a request. The CLI, the server and eval reach them only
+# through the front door (entropix_mlx.front): `LoadedModel.sampler` / `prepare` / `generate`,
+# or `registry.build` for a model they hold no `LoadedModel` of (bench, profile).
+SAMPLER_MAKERS = {
+    "entropix_mlx.sampling.entropix": "EntropixSampler",
+    "entropix_mlx.sampling.samplers": ("GreedySampler", "TemperatureSampler", "MinPSampler"),
+    "entropix_mlx.decode.deliberate": "Deliberator",
+    "entropix_mlx.decode.voting": "Voter",
+    "entropix_mlx.decode.generate": "generate",
+    "entropix_mlx.sampling.penalties": "make_penalties",
+}
+FRONT_USERS = ("entropix_mlx.cli", "entropix_mlx.server", "entropix_mlx.eval")
+# Eval's own measurements, which run a bare sampler on purpose (calibration, tuning, bench baselines).
+MEASURING = ("entropix_mlx.eval.measure", "entropix_mlx.eval.tune", "entropix_mlx.eval.bench")
+
+
+def imported_names(module: Module) -> set[tuple[str, str]]:
+    """(module, name) for each `from module import name` in `module`'s source."""
+    tree = ast.parse(module.path.read_text(encoding="utf-8"))
+    return {
+        (_absolute(module, node.level, node.module), alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def test_the_cli_the_server_and_eval_make_samplers_only_through_the_front_door(package):
+    found = []
+    for m in package.values():
+        if not m.name.startswith(FRONT_USERS) or m.name in MEASURING:
+            continue
+        for source, name in imported_names(m):
+            makers = SAMPLER_MAKERS.get(source, ())
+            if name in ((makers,) if isinstance(makers, str) else makers):
+                found.append(f"{m.name} imports {source}.{name}")
+    assert not found, "\n".join(found)
+
+
+def test_sampler_names_are_compared_only_in_the_registry():
+    names = "|".join(["entropix", "deliberate", "greedy", "min_p", "temperature", "self_consistency", "cisc"])
+    pattern = re.compile(rf"""(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=|in\b|not in\b)""")
+    found = []
+    for directory in (ROOT / "entropix_mlx", ROOT / "cli"):
+        for path in sorted(directory.rglob("*.py")):
+            if path.relative_to(ROOT).as_posix() == "entropix_mlx/front/registry.py":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_walker_of_sampler_makers_catches_a_direct_import(tmp_path):
+    modules = plant(tmp_path, {"__init__.py": "", "a.py": "from .b import GreedySampler, other\n", "b.py": ""})
+    assert imported_names(modules["pkg.a"]) == {("pkg.b", "GreedySampler"), ("pkg.b", "other")}
 
 
 def test_walker_sees_all_modules(package):

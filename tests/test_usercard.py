@@ -8,15 +8,14 @@ import stat
 import tomllib
 
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
-from entropix_mlx.cli import loaded
+from conftest import SHELF, make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
 from test_cli_run import invoke
 
 from entropix_mlx import files
 from entropix_mlx.accel import build
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.eval import calibrate as cal
 from entropix_mlx.eval import usercard
+from entropix_mlx.front import registry
 from entropix_mlx.model.loading import ModelSource, model_identity
 from entropix_mlx.sampling import cards
 from entropix_mlx.sampling.deliberate_config import resolve_deliberate
@@ -26,7 +25,6 @@ from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 def cards_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache" / "entropix-mlx" / "cards"
     monkeypatch.setenv(cards.CARDS_DIR_ENV, str(folder))
-    monkeypatch.setattr(cards, "_IN_USE", {})
     monkeypatch.setattr(usercard, "PROMPTS", cal.PROMPTS[:3])  # milliseconds, not seconds, per card
     return folder
 
@@ -64,11 +62,12 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     assert data["deliberate"]["selector"] == "confidence_vote" and data["deliberate"]["first_alternatives"] == 2
     assert data["deliberate"]["stop_share"] == 1.0
     assert data["deliberate"]["clean_first"] == "loop_or_length"
-    # used from now on, by name, by both samplers
-    sampler = make_sampler("entropix", tokenizer, model_name="tiny")
+    # both samplers read it, through the card `load` binds to the model (never by name alone)
+    sampler = registry.build("entropix", tokenizer, card=status.path)
     assert status.path.name in sampler.config_source
     assert sampler.config.strategies == ("argmax", "branch", "adaptive")
-    config, where = resolve_deliberate("tiny")
+    assert "shipped card" not in registry.build("entropix", tokenizer, card="tiny").config_source
+    config, where = resolve_deliberate(status.path)
     assert config.first_alternatives == 2 and status.path.name in where
 
 
@@ -146,9 +145,7 @@ def test_clipping_keeps_every_entropy_threshold_within_the_vocabulary():
 def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_dir, monkeypatch):
     path = tmp_path / "mine.gguf"
     path.write_bytes(b"my model")
-    model = (make_tiny_model(), make_tiny_tokenizer(), ModelSource(str(path), path, "gguf", "mine"))
-    monkeypatch.setitem(loaded.LOADED, (str(path), "auto"), model)
-    monkeypatch.setattr(loaded, "CARDS", set())
+    shelve(monkeypatch, path, make_loaded(make_tiny_model(), make_tiny_tokenizer(), path, "mine"))
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0, err
     # it says what it does before measuring, then what it did
@@ -156,7 +153,7 @@ def test_the_first_run_of_a_model_says_it_measured_a_card_once(tmp_path, cards_d
     assert before < after and err.count("has no card: measured one") == 1 and "mine-" in err
     today = __import__("datetime").date.today().isoformat()
     assert f"card measured on first use ({today}): mine-" in err  # the header names the card it uses
-    loaded.CARDS.clear()  # as a new process would
+    SHELF.carded.clear()  # as a new process would
     code, _, err = invoke("run", "hi", "-m", str(path), "--max-tokens", "3")
     assert code == 0 and "measuring" not in err and f"card measured on first use ({today}): mine-" in err
     # `models` lists it, with the model it belongs to and where that loads from

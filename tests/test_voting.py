@@ -7,11 +7,12 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx import eval as ev
-from entropix_mlx.decode.registry import make_sampler
 from entropix_mlx.decode.rows import Request, Row
 from entropix_mlx.decode.voting import vote_rows
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.sampling.voting import VoteConfig, confidence_weights, vote
+from entropix_mlx.front.registry import build
+from entropix_mlx.sampling.selection import confidence_weights, vote
+from entropix_mlx.sampling.voting import VoteConfig
 
 
 class CountingEmbedding(nn.Module):
@@ -110,15 +111,15 @@ def test_vote_settings_are_checked():
         VoteConfig(k=0)
     with pytest.raises(ConfigError, match="'vote'"):
         VoteConfig(vote="loudest")
-    sc = make_sampler("self_consistency", k=3)
+    sc = build("self_consistency", k=3)
     assert sc.config.k == 3 and sc.config.vote == "majority"
-    assert make_sampler("cisc").config.vote == "confidence"
+    assert build("cisc").config.vote == "confidence"
     with pytest.raises(ConfigError, match="eval baseline"):
         sc.generate(None, None, [1])
 
 
 def test_cot_decoding_preset_keeps_the_largest_answer_margin(model, tiny_tokenizer):
-    decoder = make_sampler("cot_decoding")
+    decoder = build("cot_decoding")
     assert decoder.name == "cot_decoding" and decoder.config.max_candidates == 10
     prompt = chat(tiny_tokenizer, "What is 7 + 5?")
     rows = list(decoder.answer_rows(model, tiny_tokenizer, [Request(prompt, 0, 8)], 1, prompt[:-1]))
@@ -141,7 +142,7 @@ def test_eval_reports_every_k_and_vote_from_one_run(model, tiny_tokenizer, tmp_p
     config = ev.EvalConfig(samplers=["greedy", "self_consistency"], max_tokens=6, batch_size=4)
 
     def factory(name):
-        return make_sampler(name, tokenizer=tiny_tokenizer, metrics=False, k=4 if name != "greedy" else None)
+        return build(name, tokenizer=tiny_tokenizer, metrics=False, k=4 if name != "greedy" else None)
 
     results = ev.run_eval(model, tiny_tokenizer, TASKS, config, tmp_path / "o", factory)
     rows = results["samplers"]
@@ -184,7 +185,7 @@ def test_eval_reports_every_k_and_vote_from_one_run(model, tiny_tokenizer, tmp_p
 
 def test_budgets_pair_items_across_limits(model, tiny_tokenizer, tmp_path):
     config = ev.EvalConfig(samplers=["greedy", "deliberate"], max_tokens=[3, 7], batch_size=4)
-    factory = lambda name: make_sampler(name, tokenizer=tiny_tokenizer, metrics=False)  # noqa: E731
+    factory = lambda name: build(name, tokenizer=tiny_tokenizer, metrics=False)  # noqa: E731
     results = ev.run_eval(model, tiny_tokenizer, TASKS, config, tmp_path / "b", factory)
     assert list(results["samplers"]) == ["greedy@3", "deliberate@3", "greedy@7", "deliberate@7"]
     assert "greedy@3 vs greedy@7" in results["pairs"] and "deliberate@3 vs deliberate@7" in results["pairs"]

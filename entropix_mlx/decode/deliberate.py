@@ -372,10 +372,8 @@ class Deliberator:
     """`deliberate` as a decoder (see `generate.Decoder`): it answers by branching
     over whole answers, so it has no per-step decision to put in a shared batch."""
 
-    name = "deliberate"
-
-    def __init__(self, config: DeliberateConfig | None = None, source: str = "defaults"):
-        self.config = config or DeliberateConfig()
+    def __init__(self, config: DeliberateConfig | None = None, source: str = "defaults", name: str = "deliberate"):
+        self.name, self.config = name, config or DeliberateConfig()
         self.config_source = f"deliberate settings: {source}"
 
     def generate(

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
-from ..sampling.selection import default_answer
-from ..sampling.voting import SampleSpawner, VoteConfig, vote
+from ..sampling.selection import default_answer, vote
+from ..sampling.voting import SampleSpawner, VoteConfig
 from .engine import by_request, forking_batch
 from .rows import Request, RowResult
 

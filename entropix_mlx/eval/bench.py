@@ -59,8 +59,8 @@ from mlx_lm.utils import load_model
 from ..accel.blas import blas_info, blas_name, thread_stats
 from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
-from ..decode.registry import make_sampler
 from ..errors import ConfigError
+from ..front.registry import build
 from ..model.convert import cached_conversion
 from ..model.loading import download, load
 from ..model.sharding import shard
@@ -230,8 +230,8 @@ def load_pair(ref: str | None, weights: str = "auto", group=None):
 
 def make_samplers(tokenizer, model_name: str | None):
     return {
-        "entropix_greedy": lambda: make_sampler("greedy"),  # as the CLI builds greedy
-        "entropix": lambda: make_sampler("entropix", tokenizer=tokenizer, model_name=model_name),
+        "entropix_greedy": lambda: build("greedy"),  # as the CLI builds greedy
+        "entropix": lambda: build("entropix", tokenizer, card=model_name),
     }
 
 

@@ -10,7 +10,10 @@ The result goes to the model's card, `models/<name>.toml`, written atomically.
 """
 
 import datetime
+import functools
 import json
+import tomllib
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,7 @@ import numpy as np
 from ..distributed import world
 from ..errors import ConfigError
 from ..files import write_atomic
-from ..sampling.cards import card_path
+from ..sampling.cards import shipped_card
 from ..sampling.config import SamplerConfig
 from ..sampling.metrics import METRIC_NAMES
 from ..sampling.settings import read_toml
@@ -66,47 +69,25 @@ QUANTILES = {
 
 REPORTED_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
-# A model without a card of its own starts from what won on the bundled model's
-# dev split (models/smollm2-135m.toml, [tuning] and [deliberate]): the strategy
-# settings as they are (but for the two marked below), and the thresholds those
-# settings moved as rules on this model's own measurements: the branch state takes
-# every high-varentropy step (high_varentropy at low_varentropy's quantile,
-# high_entropy at the vocabulary's maximum, so resample never fires) and think
-# never fires.
-NEW_MODEL_SAMPLER = {
-    "think_varentropy": 0.0,
-    "strategies": ["argmax", "branch", "adaptive"],
-    "argmax_margin": 1.0,
-    "repetition_penalty": 2.0,
-    "repetition_ngram": 3,
-    "adaptive_samples": 5,
-    "adaptive_max_temperature": 1.5,
-    "branch_candidates": 3,
-    "branch_rollout_tokens": 16,
-    # Unlike the bundled card (level with it on both models' dev splits): a candidate's own
-    # probability counts, so a word's sure second piece cannot carry an unlikely first one
-    # (docs/sampler.md, "Branch: the candidate's own probability").
-    "branch_select": "path_confidence",
-    "branch_keep_margin": 0.1,
-    "branch_rollout": "scored",
-    "branch_decide_tokens": 2,
-}
-NEW_MODEL_DELIBERATE = {
-    "first_alternatives": 2,
-    "alternatives": 1,
-    "max_branch_points": 0,
-    "max_branches": 5,
-    "budget": 6.0,
-    # Chosen on GSM8K train items with chain of thought (docs/deliberate.md, "Per token
-    # spent"): the confidence-weighted vote (CISC) over the three answers, stopping the rest
-    # once two that ended agree; the bundled card keeps continuation_margin (short answers).
-    "selector": "confidence_vote",
-    "margin": 0.0,
-    "stop_share": 1.0,
-    # Unlike the bundled card: a chain of thought cut off by the length limit has not reached
-    # its answer, and one that ended wins over it (docs/deliberate.md, "Chain of thought").
-    "clean_first": "loop_or_length",
-}
+# A model without a card of its own starts from what won on the bundled model's dev split:
+# entropix_mlx/data/new_model.toml, [sampler] and [deliberate] as they are, the thresholds
+# those settings moved as rules on this model's own measurements (new_model_fields), and no
+# threshold below the bundled card's own ([floors]).
+NEW_MODEL = "new_model.toml"
+
+
+@functools.cache
+def new_model_presets() -> dict:
+    """The new-model settings file, with its floors' values read from the card it names."""
+    data = tomllib.loads((resources.files("entropix_mlx.data") / NEW_MODEL).read_text())
+    card = read_toml(shipped_card(data["floors"]["card"]))["sampler"]
+    return {**data, "floors": {k: card[k] for k in data["floors"]["fields"]}}
+
+
+def new_model_floors() -> dict[str, float]:
+    return dict(new_model_presets()["floors"])
+
+
 ENTROPY_THRESHOLDS = ("low_entropy", "medium_entropy", "high_entropy")
 
 
@@ -119,23 +100,16 @@ def clip_to_vocabulary(fields: dict, vocabulary: int) -> tuple[dict, dict]:
     return {**fields, **dict.fromkeys(clipped, top)}, clipped
 
 
-# A model without a card gets no threshold below the bundled card's (models/smollm2-135m.toml):
-# quantiles alone make every model leave argmax on the same share of its steps, however sure
-# it is, and a model surer than the bundled one then branched away from answers its greedy
-# pass had right (docs/sampler.md, "Why a floor").
-NEW_MODEL_FLOORS = {"low_entropy": 1.9112, "low_varentropy": 6.3016, "medium_entropy": 3.3035}
-
-
 def new_model_fields(found: dict, vocabulary: int | None) -> dict:
-    """[sampler] for a model without a card: measured thresholds, raised to
-    NEW_MODEL_FLOORS, with the rules and settings of NEW_MODEL_SAMPLER."""
-    found = {**found, **{k: max(found[k], floor) for k, floor in NEW_MODEL_FLOORS.items()}}
+    """[sampler] for a model without a card: measured thresholds, raised to the
+    floors, with the rules and settings of the new-model [sampler] table."""
+    found = {**found, **{k: max(found[k], floor) for k, floor in new_model_floors().items()}}
     return {
         **found,
         "high_varentropy": found["low_varentropy"],
         "high_entropy": max_entropy(vocabulary) if vocabulary else found["high_entropy"],
         "thinking_text": SamplerConfig().thinking_text,
-        **NEW_MODEL_SAMPLER,
+        **new_model_presets()["sampler"],
     }
 
 
@@ -146,7 +120,7 @@ def quantile_rules() -> dict[str, str]:
 def new_model_rules() -> dict[str, str]:
     """How new_model_fields sets each threshold, for the card's `thresholds_at`."""
     rules = quantile_rules()
-    rules.update({k: f"{rules[k]}, at least {floor}" for k, floor in NEW_MODEL_FLOORS.items()})
+    rules.update({k: f"{rules[k]}, at least {floor}" for k, floor in new_model_floors().items()})
     rules["high_varentropy"] = "low_varentropy"
     rules["high_entropy"] = "the vocabulary's maximum"
     rules["think_varentropy"] = "0 (think off)"
@@ -154,7 +128,7 @@ def new_model_rules() -> dict[str, str]:
 
 
 def deliberate_table(found: dict) -> str:
-    """[deliberate] for a model without a card: NEW_MODEL_DELIBERATE, with the
+    """[deliberate] for a model without a card: the new-model [deliberate] table, with the
     gate (used only if max_branch_points is raised) at this model's uncertain steps."""
     fields = {"branch_entropy": found["medium_entropy"], "branch_varentropy": found["high_varentropy"]}
     lines = [
@@ -162,7 +136,9 @@ def deliberate_table(found: dict) -> str:
         "# \"Per token spent\"); the gate's thresholds are this model's medium entropy and high varentropy.",
         "[deliberate]",
     ]
-    return "\n".join(lines + [f"{k} = {toml_value(v)}" for k, v in {**NEW_MODEL_DELIBERATE, **fields}.items()])
+    return "\n".join(
+        lines + [f"{k} = {toml_value(v)}" for k, v in {**new_model_presets()["deliberate"], **fields}.items()]
+    )
 
 
 def thresholds(samples: dict[str, np.ndarray], quantiles=QUANTILES) -> dict[str, float]:
@@ -305,10 +281,10 @@ def calibrate(
     Settings already in an existing card other than the thresholds (e.g. its
     thinking_text, tuned strategy parameters) are kept, and so are its other
     tables ([tuning], [deliberate], ...). A new card starts from the new-model
-    settings (NEW_MODEL_SAMPLER, NEW_MODEL_DELIBERATE). Entropy thresholds
+    settings (entropix_mlx/data/new_model.toml). Entropy thresholds
     are clipped to the vocabulary's maximum, and the card says so."""
 
-    path = Path(out) if out else card_path(model_name)
+    path = Path(out) if out else shipped_card(model_name)
     if samples is None:
         samples = collect(model, tokenizer, prompts, max_tokens, seed, progress=progress)
     found = thresholds(samples)

@@ -44,6 +44,7 @@ import mlx.core as mx
 from ..decode.engine import generate_batch
 from ..decode.prompt import encode_chat
 from ..errors import ConfigError
+from ..front.registry import BASELINE
 from ..sampling.repetition import LOOP_ALERT, longest_loop
 from .runner import EvalConfig, machine_description
 from .stats import paired_comparison
@@ -238,7 +239,7 @@ def summarize_open(records: dict, prompts: list[OpenPrompt], config: OpenConfig)
             "mean_tokens": statistics.fmean(r["tokens"] for r in recs),
             "tokens_per_second": sum(r["tokens"] for r in recs) / seconds if seconds else 0.0,
         }
-        if name != "greedy":
+        if name != BASELINE:
             entry["vs_greedy"] = paired_comparison(per_prompt_share(runs), greedy_share, higher_is_better=False)
         out[name] = entry
     return {

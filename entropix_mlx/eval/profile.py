@@ -5,7 +5,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..decode.prefill import prefill
-from ..decode.registry import make_sampler
+from ..front.registry import build
 from ..model.cache import make_cache
 from ..sampling.metrics import step_metrics
 from ..sampling.samplers import Step
@@ -30,7 +30,7 @@ def profile(ours, theirs, tokenizer, model_name: str, prompt_tokens: int = 64, s
       thinking insertion on the steps that take them);
     - mlx_lm_model: mlx-lm's forward pass plus its greedy pick, for comparison.
     """
-    sampler = make_sampler("entropix", tokenizer=tokenizer, model_name=model_name)
+    sampler = build("entropix", tokenizer, card=model_name)
     sampler.reset()
     prompt = bench_prompt(tokenizer, prompt_tokens)
     cache, their_cache = make_cache(ours), make_prompt_cache(theirs)

@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from ..decode.generate import as_decoder
 from ..decode.prompt import encode_chat
+from ..front.registry import BASELINE
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from .scoring import score
 from .store import default_sampler_factory, run_items, settings_by_sampler
@@ -38,6 +39,8 @@ class EvalConfig:
     tasks_name: str = "tasks"
     split: str = "all"  # which split the tasks are (a label: the caller filters with select_split)
     cot: bool = False  # chain of thought: reasoning prompts, the answer read from the last line
+    sealed: object = None  # a sealed task file's rules (sealed.SealedFile), or None
+    rescore_sealed: bool = False  # score a sealed file with another configuration all the same (logged)
 
     @property
     def budgets(self) -> list[int | None]:
@@ -55,7 +58,7 @@ class EvalConfig:
         for budget in self.budgets:
             out.append((with_budget("greedy", budget), self.seed))
             for name in self.samplers:
-                if name != "greedy":
+                if name != BASELINE:
                     out += [(with_budget(name, budget), self.seed + s) for s in range(self.seeds)]
         return out
 
@@ -85,8 +88,8 @@ def run_eval(
     with several ranks the items are shared out (`store.run_items_sharded`);
     rank 0 returns the results, the others None.
 
-    `make_sampler(name)` builds one sampler (default: `samplers.make_sampler`
-    with the model's card). `progress(done, total, description)` is called
+    `make_sampler(name)` builds one sampler (default: `front.registry.build`
+    with the model's shipped card; the CLI passes its `LoadedModel.sampler`). `progress(done, total, description)` is called
     after every item. `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
     named = make_sampler or default_sampler_factory(tokenizer, config)
@@ -127,13 +130,18 @@ def run_eval(
             **getattr(result, "extra", {}),
         }
 
+    if config.sealed is not None:  # refused before anything runs
+        config.sealed.check(identity, list(identity["samplers"]), config.rescore_sealed)
     store = run_items(
         tasks, prompts, identity, runs, config.budget, rows, fields, out_dir, progress, on_record, config.batch_size
     )
     if store is None:  # a rank other than 0 under a launcher: rank 0 holds the records
         return None
     results = summarize(store.records, tasks, config, identity["samplers"])
-    if config.split != "dev":  # the protocol: every scoring of held-out items is on record
+    if config.sealed is not None:
+        entry = config.sealed.log(identity, list(identity["samplers"]), results["item_range"], config.rescore_sealed)
+        results["scorings"] = store.log_scoring(entry, written=True)
+    elif config.split != "dev":  # the protocol: every scoring of held-out items is on record
         results["scorings"] = store.log_scoring(
             {
                 "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from pathlib import Path
 
-from ..decode import registry
 from ..decode.rows import Request
 from ..distributed import World, agree, all_gather_json, run_on_root, world
 from ..errors import ConfigError
+from ..front.registry import BASELINE, build
 from ..sampling.config import SamplerConfig
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.voting import VoteConfig
@@ -73,7 +73,7 @@ def settings_by_sampler(make_sampler: Callable, runs: list[tuple[str, int]]) -> 
 def default_sampler_factory(tokenizer, config) -> Callable:
     """`make_sampler(name)` with the model's card and metrics off for baselines:
     the records hold each token's log-probability, never its metrics."""
-    return lambda name: registry.make_sampler(name, tokenizer=tokenizer, model_name=config.model_name, metrics=False)
+    return lambda name: build(name, tokenizer, card=config.model_name, metrics=False)
 
 
 class ResultStore:
@@ -138,14 +138,16 @@ class ResultStore:
             with open(self.dir / "items.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def log_scoring(self, entry: dict) -> list[dict]:
-        """Append one scoring of these items to DIR/scoring_log.jsonl; every
-        entry so far, this one last (just this one without a directory)."""
+    def log_scoring(self, entry: dict, written: bool = False) -> list[dict]:
+        """Append one scoring of these items to DIR/scoring_log.jsonl (unless
+        `written` there already); every entry so far, this one last (just this one
+        without a directory)."""
         if self.dir is None:
             return [entry]
         log = self.dir / "scoring_log.jsonl"
-        with open(log, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        if not written:
+            with open(log, "a") as f:
+                f.write(json.dumps(entry) + "\n")
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
     def write_results(self, results: dict):
@@ -239,7 +241,7 @@ def keep(store: ResultStore, record: dict, done: int, total: int, progress, on_r
     store.add(record)
     if progress:
         name, seed = record["sampler"], record["seed"]
-        progress(done, total, f"{name} seed {seed}" if name != "greedy" else name)
+        progress(done, total, f"{name} seed {seed}" if name != BASELINE else name)
     if on_record:
         on_record(record)
 

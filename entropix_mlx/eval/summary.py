@@ -19,7 +19,9 @@ result directory always reads with the extractor of the code that reads it.
 import statistics
 from collections import Counter
 
-from ..sampling.voting import VOTES, vote
+from ..front.registry import BASELINE
+from ..sampling.selection import vote
+from ..sampling.voting import VOTES
 from .scoring import score
 from .stats import holm, paired_comparison, paired_difference, wilson_interval
 
@@ -120,7 +122,7 @@ def matched_vote_rows(table: dict, summaries: dict) -> set[str]:
         if k & (k - 1) == 0 or k == max(ks.values()):
             keep.add(r)
     for other, s in summaries.items():
-        if other in vote_rows or split_label(other)[0] == "greedy":
+        if other in vote_rows or split_label(other)[0] == BASELINE:
             continue
         budget = split_label(other)[1]
         for method in VOTE_NAME.values():
@@ -223,10 +225,10 @@ def summarize_rows(records: dict, tasks: list, config, settings: dict | None = N
     pairs = {f"{a} vs {b}": compare(shares[a], shares[b]) for i, a in enumerate(order) for b in order[i + 1 :]}
     warnings = []
     for row, s in summaries.items():
-        if split_label(row)[0] == "greedy" and s["cut_off"] > CUT_OFF_WARNING:
+        if split_label(row)[0] == BASELINE and s["cut_off"] > CUT_OFF_WARNING:
             warnings.append(
                 f"{row} was cut off by the token limit on {100 * s['cut_off']:.0f}% of items (more than "
                 f"{100 * CUT_OFF_WARNING:.0f}%): the comparison measures the budget, not the sampler; "
-                "raise the token limit"
+                "raise max_tokens"
             )
     return summaries, pairs, warnings

@@ -3,8 +3,7 @@
 `ensure_card` finds the model's user card (cards.user_cards_dir(), named after
 the model's identity, model.loading.model_identity) or, on first use, measures
 the metrics on the calibration prompts (calibrate.PROMPTS, about 400 steps) and
-writes one there with the new-model settings (calibrate.NEW_MODEL_SAMPLER,
-NEW_MODEL_DELIBERATE). From then on `card_path` reads it for this model. A card
+writes one there with the new-model settings (entropix_mlx/data/new_model.toml). `load` binds the card it returns to the model. A card
 that cannot be read, does not validate, or names another model is measured again.
 """
 
@@ -16,7 +15,7 @@ from pathlib import Path
 from ..distributed import all_gather_json, world
 from ..errors import ConfigError
 from ..model.loading import ModelSource, model_identity
-from ..sampling.cards import checked_user_cards_dir, shipped_card, use_card, user_card_name
+from ..sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
 from ..sampling.config import SamplerConfig
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.settings import read_toml
@@ -69,7 +68,6 @@ def ensure_card(
     if w.size > 1:  # every rank measures together (the samples are gathered) if any rank lacks the card
         needed = any(all_gather_json(w, needed))
     if not needed:
-        use_card(source.name, path)
         return CardStatus(path, "user")
     if problem is not None:
         if warn:
@@ -79,7 +77,6 @@ def ensure_card(
     where = source.ref if source.kind == "hub" else str(source.path)
     calibrate(model, tokenizer, source.name, path, PROMPTS, progress=progress, identity=identity, model_path=where)
     seconds = time.perf_counter() - start
-    use_card(source.name, path)
     note = (
         f"{source.name} has no card: measured one on {len(PROMPTS)} prompts in {seconds:.0f} s, "
         f"used from now on: {path}"

@@ -14,10 +14,6 @@ from ..files import private_folder, user_cache_dir
 
 CARDS_DIR_ENV = "ENTROPIX_CARDS_DIR"  # another folder for user cards (tests, a shared setup)
 
-# The user card each model name resolves to in this process, once its identity
-# was checked (usercard.ensure_card): card_path() reads it when no shipped card exists.
-_IN_USE: dict[str, Path] = {}
-
 
 def cards_dir() -> Path:
     # Installed (editable or not), models/ is the package entropix_mlx.model_cards;
@@ -32,16 +28,13 @@ def shipped_card(model_name: str) -> Path:
     return cards_dir() / f"{model_name}.toml"
 
 
-def card_path(model_name: str) -> Path:
-    """The card that settings are read from: the shipped one, else the user card
-    chosen for this model in this process (`use_card`), else where a shipped
-    one would be (it does not exist)."""
-    shipped = shipped_card(model_name)
-    return shipped if shipped.is_file() else _IN_USE.get(model_name, shipped)
-
-
-def use_card(model_name: str, path: Path) -> None:
-    _IN_USE[model_name] = Path(path)
+def card_file(card: str | Path | None) -> Path | None:
+    """The card file that settings are read from: `card` itself (a path: the card
+    `load` bound to a model), a model name's shipped card, or None (no such file)."""
+    if not card:
+        return None
+    path = Path(card) if isinstance(card, Path) else shipped_card(card)
+    return path if path.is_file() else None
 
 
 def user_cards_dir() -> Path:

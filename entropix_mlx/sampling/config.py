@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .cards import card_path
+from .cards import card_file
 from .parameters import PARAMETERS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, read_toml, rule, validate
 
@@ -86,6 +86,9 @@ class SamplerConfig(Settings):
     adaptive_samples: int = 5
     adaptive_top_k_max: int = 100
     adaptive_max_temperature: float = 1.5  # the reference has no cap (see entropix.py)
+    # Resample draws at T * (2 + 0.5 * attention varentropy), and never below this
+    # temperature: the reference's floor, hot enough to leave a rut.
+    resample_temperature: float = 2.0
     repetition_penalty: float = 2.0
     repetition_ngram: int = 3
 
@@ -167,6 +170,7 @@ RULES = {
     "adaptive_samples": at_least(1),
     "adaptive_top_k_max": at_least(1),
     "adaptive_max_temperature": rule(lambda v: v > 0, "must be > 0"),
+    "resample_temperature": rule(lambda v: v > 0, "must be > 0"),
     "repetition_penalty": at_least(0, "bits"),
     "repetition_ngram": at_least(1),
     "branch_candidates": at_least(1),
@@ -201,26 +205,25 @@ PRESETS = ("reference", "calibrated")
 REASONING = {"repetition_penalty": 0.0, "adaptive_max_temperature": 0.7}
 
 
-def resolve_config(
-    model_name: str | None = None, config=None, reasoning: bool = False, **overrides
-) -> tuple[SamplerConfig, str]:
+def resolve_config(card=None, config=None, reasoning: bool = False, **overrides) -> tuple[SamplerConfig, str]:
     """The sampler's config and a one-line note of where it came from.
 
-    `config`: None (the model's card if it has one, else the reference preset),
+    `card`: the model's card (a file, or a model name: its shipped card).
+    `config`: None (the card's [sampler] table if it has one, else the reference preset),
     a preset name, a path to a TOML file (its fields override the default), or
     a SamplerConfig. `reasoning`: the reasoning profile (`reasoning_profile`)
     over those. `overrides`: field values applied last (None = unset).
     """
-    card = card_table(SamplerConfig, model_name)
+    table = card_table(SamplerConfig, card)
     if config == "reference":
         settings = SamplerConfig(), "preset reference"
     elif config == "calibrated":
-        if card is None:
+        if table is None:
             raise ConfigError(
-                f"model '{model_name}' has no calibrated card; "
+                f"model '{card if isinstance(card, str) else 'in use'}' has no calibrated card; "
                 "measure one first (`entropix-mlx calibrate`, or entropix_mlx.load, which measures it on first use)"
             )
-        settings = card
+        settings = table
     else:
         if config is not None and not isinstance(config, SamplerConfig):
             if not (isinstance(config, Path) or str(config).endswith(".toml") or Path(str(config)).is_file()):
@@ -228,18 +231,18 @@ def resolve_config(
                     f"unknown sampler config '{config}'; use a preset ({', '.join(PRESETS)}) or a .toml file"
                 )
         default = SamplerConfig(), "preset reference (no model card; run `entropix-mlx calibrate`)"
-        settings = layered(card or default, config)
+        settings = layered(table or default, config)
     if reasoning:
-        settings = _with_profile(settings, model_name, config)
+        settings = _with_profile(settings, card, config)
     return layered(settings, None, overrides)
 
 
-def reasoning_profile(model_name: str | None = None, config=None) -> tuple[dict, str]:
+def reasoning_profile(card=None, config=None) -> tuple[dict, str]:
     """The [sampler] settings a chain of thought changes, and where they come
     from: the [reasoning] table of the TOML file `config`, else of the model's
     card, else REASONING."""
     files = [Path(config)] if isinstance(config, (str, Path)) and str(config).endswith(".toml") else []
-    files += [card_path(model_name)] if model_name else []
+    files += [card_file(card)] if card_file(card) else []
     for path in files:
         if path.is_file():
             table = read_toml(path).get("reasoning")
@@ -250,7 +253,7 @@ def reasoning_profile(model_name: str | None = None, config=None) -> tuple[dict,
     return dict(REASONING), "the default reasoning profile"
 
 
-def _with_profile(under: tuple[SamplerConfig, str], model_name, config) -> tuple[SamplerConfig, str]:
+def _with_profile(under: tuple[SamplerConfig, str], card, config) -> tuple[SamplerConfig, str]:
     settings, source = under
-    table, where = reasoning_profile(model_name, config)
+    table, where = reasoning_profile(card, config)
     return SamplerConfig.from_dict({**settings.to_dict(), **table}, source=where), f"{source} + {where}"

@@ -10,21 +10,11 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 import math
 from dataclasses import dataclass
 
+from .selection import SELECTORS as SELECTOR_SCORES
 from .selection import VOTE_SELECTORS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, rule, validate
 
-SELECTORS = (
-    "greedy",
-    "margin",
-    "max_margin",
-    "logprob",
-    "vote",
-    "weighted_vote",
-    "confidence_vote",
-    "lowest_group_vote",
-    "continuation_logprob",
-    "continuation_margin",
-)
+SELECTORS = tuple(SELECTOR_SCORES)
 
 CLEAN_RULES = ("off", "loop", "loop_or_length", "length")
 
@@ -141,9 +131,9 @@ def load_config(path, base: DeliberateConfig | None = None) -> DeliberateConfig:
     return DeliberateConfig.from_toml(path, base)
 
 
-def resolve_deliberate(model_name: str | None = None, config=None, **overrides) -> tuple[DeliberateConfig, str]:
-    """The config and where it came from: the model card's [deliberate] table
-    (if any) under `config` (a .toml path or a DeliberateConfig), then the
-    overrides (None = unset)."""
-    card = card_table(DeliberateConfig, model_name)
-    return layered(card or (DeliberateConfig(), "defaults"), config, overrides)
+def resolve_deliberate(card=None, config=None, **overrides) -> tuple[DeliberateConfig, str]:
+    """The config and where it came from: the [deliberate] table of `card` (a card
+    file, or a model name: its shipped card), if any, under `config` (a .toml path
+    or a DeliberateConfig), then the overrides (None = unset)."""
+    table = card_table(DeliberateConfig, card)
+    return layered(table or (DeliberateConfig(), "defaults"), config, overrides)

@@ -237,7 +237,7 @@ class EntropixSampler(TwoPhaseSampler):
                 mx.array(mp0),
             ),
             "resample": (
-                mx.maximum(2.0, T0 * (2.0 + 0.5 * av)),
+                mx.maximum(c.resample_temperature, T0 * (2.0 + 0.5 * av)),
                 mx.array(k0),
                 mx.maximum(0.5, p0 - 0.2 * ae),
                 mx.array(mp0),

@@ -1,11 +1,7 @@
 """The sampling parameters a request may set (temperature, top_p, top_k,
-min_p): their ranges, which samplers take them, and what temperature 0 means.
-The CLI, the server and the Python API read this one table, so they agree.
-
-Temperature 0 asks for deterministic answers: the greedy sampler answers (as in
-mlx-lm, llama.cpp and Ollama), whichever sampler was named. Greedy and
-deliberate take no sampling parameters (they never sample).
-"""
+min_p) and their ranges. The CLI, the server and the Python API read this one
+table, so they agree; which samplers take them is in front/registry.py, and what
+temperature 0 means in front/loaded.py (`choose`)."""
 
 from dataclasses import dataclass
 
@@ -50,7 +46,6 @@ PARAMETERS = {
         Parameter("min_p", False, 0.0, 1.0, high_open=True, example="0.05"),
     )
 }
-TAKE_PARAMETERS = ("entropix", "temperature", "min_p")  # the samplers that sample
 
 
 def check_parameters(given: dict) -> dict:
@@ -63,15 +58,3 @@ def check_parameters(given: dict) -> dict:
         if problem:
             raise ConfigError(f"sampling parameter '{name}' = {value!r} is invalid: {problem}")
     return given
-
-
-def sampling_request(sampler: str, given: dict) -> tuple[str, dict, list[str]]:
-    """(the sampler that answers, the parameters it takes, notes on what changed).
-    Parameters a sampler does not take are left out with a note; temperature 0
-    hands the answer to greedy with a note."""
-    given = check_parameters(given)
-    if given and sampler not in TAKE_PARAMETERS:
-        return sampler, {}, [f"{', '.join(given)} ignored: the {sampler} sampler takes no sampling parameters"]
-    if given.get("temperature") == 0:
-        return "greedy", {}, ["temperature 0 asks for deterministic answers: the greedy sampler answered"]
-    return sampler, given, []

@@ -3,6 +3,7 @@ scored, and which one is kept."""
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from .repetition import LOOP_ALERT, longest_loop
@@ -141,6 +142,13 @@ def lowest_group(logprobs: list[float], window: int) -> float:
     return lowest / window
 
 
+def confidence(mean_logprob: float, temperature: float, top: float = 0.0) -> float:
+    """CISC's confidence weight (Taubenfeld et al. 2025): exp(mean log-probability /
+    temperature), the length-normalized sequence probability sharpened; `top`, a
+    shift that leaves the weights' ratios as they are (a softmax's stability)."""
+    return math.exp((mean_logprob - top) / temperature)
+
+
 def vote_weight(c: Candidate, selector: str, temperature: float = 0.1, window: int = 16) -> float:
     """A candidate's vote under a vote selector."""
     if selector == "vote":
@@ -148,10 +156,27 @@ def vote_weight(c: Candidate, selector: str, temperature: float = 0.1, window: i
     if selector == "weighted_vote":
         return math.exp(c.mean_logprob)
     if selector == "confidence_vote":  # CISC: the length-normalized sequence probability
-        return math.exp(c.mean_logprob / temperature)
+        return confidence(c.mean_logprob, temperature)
     if selector == "lowest_group_vote":  # DeepConf: the weakest stretch of the chain
-        return math.exp(lowest_group(c.logprobs, window) / temperature)
+        return confidence(lowest_group(c.logprobs, window), temperature)
     raise ValueError(f"{selector!r} is not a vote")
+
+
+def _add(a, b):
+    return a + b
+
+
+# Each selector: a candidate's score for its answer (from the candidate, the vote
+# temperature and the DeepConf window), and how the scores of one answer's candidates combine.
+SELECTORS = {
+    "greedy": (lambda c, t, w: float(c.parent is None), max),
+    "margin": (lambda c, t, w: c.answer_margin, _add),  # CoT-decoding
+    "max_margin": (lambda c, t, w: c.answer_margin, max),
+    "logprob": (lambda c, t, w: c.mean_logprob, max),
+    **{name: (lambda c, t, w, name=name: vote_weight(c, name, t, w), _add) for name in VOTE_SELECTORS},
+    "continuation_logprob": (lambda c, t, w: c.continuation_logprob, max),
+    "continuation_margin": (lambda c, t, w: c.continuation_margin, max),
+}
 
 
 def answer_scores(candidates: list[Candidate], selector: str, temperature: float = 0.1, window: int = 16) -> dict:
@@ -168,36 +193,20 @@ def answer_scores(candidates: list[Candidate], selector: str, temperature: float
       `window` tokens / temperature) (DeepConf);
     - continuation_logprob, continuation_margin: the best mean log-probability
       or margin after the first token among its candidates."""
+    if selector not in SELECTORS:
+        raise ValueError(f"unknown selector {selector!r}")
+    score, combine = SELECTORS[selector]
     scores: dict = {}
     for c in candidates:
         if c.answer is None:
             continue
-        if selector == "greedy":
-            value, combine = float(c.parent is None), max
-        elif selector == "margin":
-            value, combine = c.answer_margin, _add
-        elif selector == "max_margin":
-            value, combine = c.answer_margin, max
-        elif selector == "logprob":
-            value, combine = c.mean_logprob, max
-        elif selector in VOTE_SELECTORS:
-            value, combine = vote_weight(c, selector, temperature, window), _add
-        elif selector == "continuation_logprob":
-            value, combine = c.continuation_logprob, max
-        elif selector == "continuation_margin":
-            value, combine = c.continuation_margin, max
-        else:
-            raise ValueError(f"unknown selector {selector!r}")
+        value = score(c, temperature, window)
         scores[c.answer] = combine(scores[c.answer], value) if c.answer in scores else value
     return scores
 
 
 def _mean(values: list) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def _add(a, b):
-    return a + b
 
 
 def select(
@@ -279,3 +288,28 @@ def candidate_from(result, tokenizer, answer_of, measured: bool = False) -> Cand
         top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
         measures={k: [round(m.get(k, 0.0), 4) for m in result.metrics] for k in MEASURES} if measured else {},
     )
+
+
+def confidence_weights(mean_logprobs: Sequence[float], temperature: float) -> list[float]:
+    """CISC's weights: softmax of the samples' confidences over `temperature`."""
+    if not mean_logprobs:
+        return []
+    top = max(mean_logprobs)
+    raw = [confidence(c, temperature, top) for c in mean_logprobs]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def vote(answers: Sequence[str | None], mean_logprobs: Sequence[float], how: str, temperature: float = 0.1):
+    """(index of the sample whose answer wins, {answer: its votes}). Samples
+    without an answer do not vote; ties go to the answer given first. With
+    no answer at all, sample 0 and no votes."""
+    weights = [1.0] * len(answers) if how == "majority" else confidence_weights(mean_logprobs, temperature)
+    votes: dict[str, float] = {}
+    for answer, w in zip(answers, weights, strict=True):
+        if answer is not None:
+            votes[answer] = votes.get(answer, 0.0) + w
+    if not votes:
+        return 0, votes
+    best = max(votes, key=lambda a: (votes[a], -answers.index(a)))
+    return answers.index(best), votes

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from ..errors import ConfigError
-from .cards import card_path, cards_dir
+from .cards import card_file, cards_dir
 
 Rule = Callable[[object], str | None]  # a value -> what is wrong with it, or None
 Check = Callable[[object], tuple[str, str] | None]  # settings -> (field, what is wrong), or None
@@ -158,13 +158,11 @@ class Settings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-def card_table(cls: type[Settings], model_name: str | None) -> tuple[Settings, str] | None:
-    """The model card's [kind] table over the defaults and its source, or None
-    when the model has no card or its card no such table."""
-    if not model_name:
-        return None
-    path = card_path(model_name)
-    if not path.is_file():
+def card_table(cls: type[Settings], card) -> tuple[Settings, str] | None:
+    """The [kind] table of `card` (a card file, or a model name: its shipped card)
+    over the defaults and its source, or None when there is no card or no such table."""
+    path = card_file(card)
+    if path is None:
         return None
     data = read_toml(path)
     if cls.kind not in data:

@@ -10,6 +10,7 @@ share a legend stay apart also for protanopes, deuteranopes and tritanopes
 branch's, nearly merge for the first two."""
 
 import math
+import zlib
 
 # The stable strategy names of the samplers (entropix: the first five; baselines: argmax, sample).
 STRATEGY_COLORS = {
@@ -22,22 +23,15 @@ STRATEGY_COLORS = {
     "split": "default underline",  # deliberate: a greedy token where branches split off (marked)
 }
 # For strategies a future sampler may add: still one distinct colour each.
-SPARE_COLORS = ["bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue"]
-
-# Which strategies each sampler can produce, for the legend.
-SAMPLER_STRATEGIES = {
-    "entropix": ["argmax", "think", "branch", "resample", "adaptive"],
-    "greedy": ["argmax"],
-    "temperature": ["sample", "argmax"],  # temperature 0 is greedy
-    "min_p": ["sample", "argmax"],
-    "deliberate": ["argmax", "split", "branch"],
-}
+SPARE_COLORS = ("bright_magenta", "bright_cyan", "bright_yellow", "bright_red", "bright_green", "blue")
 
 
 def strategy_color(strategy: str) -> str:
-    if strategy not in STRATEGY_COLORS:
-        STRATEGY_COLORS[strategy] = SPARE_COLORS[(len(STRATEGY_COLORS) - 6) % len(SPARE_COLORS)]
-    return STRATEGY_COLORS[strategy]
+    """Its style; a strategy without one gets a spare colour picked by its name,
+    so it is the same in every process and on every page."""
+    if strategy in STRATEGY_COLORS:
+        return STRATEGY_COLORS[strategy]
+    return SPARE_COLORS[zlib.crc32(strategy.encode()) % len(SPARE_COLORS)]
 
 
 def max_entropy(vocabulary: int) -> float:
@@ -57,27 +51,3 @@ def unreachable(config, vocabulary: int | None = None) -> set[str]:
     if "branch" in config.strategies and vocabulary and config.high_entropy >= max_entropy(vocabulary):
         out.add("resample")
     return out
-
-
-def legend_strategies(name: str, config=None, vocabulary: int | None = None) -> list[str]:
-    """The strategies sampler `name` can choose: an Entropix config may switch some
-    off, or leave them no step (`unreachable`; adaptive, the fallback, always stays)."""
-    enabled = getattr(config, "strategies", None)
-    if name == "entropix" and enabled:
-        never = unreachable(config, vocabulary)
-        return [s for s in SAMPLER_STRATEGIES["entropix"] if (s in enabled and s not in never) or s == "adaptive"]
-    return list(SAMPLER_STRATEGIES.get(name, []))
-
-
-def sampler_strategies(sampler, vocabulary: int | None = None) -> list[str]:
-    """The strategies this sampler instance can choose (its own config decides)."""
-    return legend_strategies(sampler.name, getattr(sampler, "config", None), vocabulary)
-
-
-def deterministic(sampler) -> bool:
-    """Whether the sampler's answer is the same for every seed: greedy and
-    deliberate never sample, nor does a baseline at temperature 0. Entropix
-    always may: its fallback, adaptive, draws candidates."""
-    if sampler.name in ("greedy", "deliberate"):
-        return True
-    return getattr(sampler, "params", {}).get("temperature") == 0

@@ -5,15 +5,14 @@ answer most of them give. CISC (Taubenfeld et al. 2025, "Confidence Improves
 Self-Consistency in LLMs") weights each vote by the model's confidence in its
 answer; here the length-normalized sequence probability, one of the paper's
 confidence measures: a sample's mean token log-probability c, weighted
-softmax(c / confidence_temperature) over the k samples.
+softmax(c / confidence_temperature) over the k samples. The vote itself is
+answer selection's (selection.py), shared with deliberate.
 
 The k answers share one prefill: the root row draws k first tokens
 independently and starts a row for each but its own (`Choice.spawn`), each
 continuing on a copy of the root's cache with its own key chain.
 """
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -79,28 +78,3 @@ class SampleSpawner:
         spawn = [(t, lp, {}, "sample") for t, lp in zip(tokens[1:], logprobs[1:], strict=True)]
         params = dict(self.inner.params)
         return Choice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)
-
-
-def confidence_weights(mean_logprobs: Sequence[float], temperature: float) -> list[float]:
-    """CISC's weights: softmax of the samples' confidences over `temperature`."""
-    if not mean_logprobs:
-        return []
-    top = max(mean_logprobs)
-    raw = [math.exp((c - top) / temperature) for c in mean_logprobs]
-    total = sum(raw)
-    return [r / total for r in raw]
-
-
-def vote(answers: Sequence[str | None], mean_logprobs: Sequence[float], how: str, temperature: float = 0.1):
-    """(index of the sample whose answer wins, {answer: its votes}). Samples
-    without an answer do not vote; ties go to the answer given first. With
-    no answer at all, sample 0 and no votes."""
-    weights = [1.0] * len(answers) if how == "majority" else confidence_weights(mean_logprobs, temperature)
-    votes: dict[str, float] = {}
-    for answer, w in zip(answers, weights, strict=True):
-        if answer is not None:
-            votes[answer] = votes.get(answer, 0.0) + w
-    if not votes:
-        return 0, votes
-    best = max(votes, key=lambda a: (votes[a], -answers.index(a)))
-    return answers.index(best), votes

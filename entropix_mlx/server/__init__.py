@@ -10,9 +10,7 @@ from .prefix_cache import PrefixCache
 
 
 def serve(
-    model,
-    tokenizer,
-    name: str,
+    loaded,
     host: str = "127.0.0.1",
     port: int = 8080,
     api_key: str | None = None,
@@ -26,7 +24,7 @@ def serve(
     strict_model: bool = False,
     aliases: tuple[str, ...] = (),
 ):
-    """Start the server and block until it is stopped (Ctrl-C). With `world`
+    """Serve `loaded` (a `front.LoadedModel`) and block until it is stopped (Ctrl-C). With `world`
     (a launch of several ranks, the model split across them): rank 0 serves and
     the other ranks follow its batches (lockstep.py) until it stops."""
     # uvicorn and starlette (app.py) only when serving: the HTML export of one answer imports this package too
@@ -40,12 +38,10 @@ def serve(
 
         lockstep = Lockstep(world)
         if not world.root:
-            engine = Engine(
-                model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep, False
-            )
+            engine = Engine(loaded, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep, False)
             follow(engine)
             return
-    engine = Engine(model, tokenizer, name, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep)
+    engine = Engine(loaded, PrefixCache(cache_entries, cache_tokens), batch_size, lockstep)
     app = create_app(engine, api_key, allow_origins, max_body or MAX_BODY, strict_model, tuple(aliases))
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)

@@ -23,12 +23,9 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..decode.prompt import encode_chat, encode_raw
-from ..decode.registry import SAMPLER_NAMES, make_sampler
-from ..errors import ConfigError
+from ..errors import ConfigError, ContextOverflowError
+from ..front import SAMPLER_NAMES, choose
 from ..sampling.config import THRESHOLDS, resolve_config
-from ..sampling.parameters import sampling_request
-from ..sampling.penalties import make_penalties
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse
@@ -92,46 +89,45 @@ class Server:
 
     def _prepare(self, p, chat: bool) -> tuple[Job, list[str]]:
         """Runs in a worker thread of Starlette's pool (tokenizing takes time)."""
-        engine = self.engine
+        engine, loaded = self.engine, self.engine.loaded
         with engine.tokenizer_lock:
             try:
-                ids = encode_chat(engine.tokenizer, p.messages) if chat else encode_raw(engine.tokenizer, p.prompt)
-            except ValueError as e:  # transformers: no chat template
-                raise APIError(400, f"this model has no chat template ({e}); use /v1/completions", "messages") from None
+                ids = loaded.encode(p.messages) if chat else loaded.encode(text=p.prompt)
+            except ConfigError as e:  # no chat template
+                raise APIError(400, f"{e}; use /v1/completions", "messages") from None
             # Front-ends send temperature and the like on every request: samplers
             # that take none leave them out (with a note) rather than refuse the request.
-            name, overrides, warnings = sampling_request(p.sampler, p.overrides)
-            reasoning = p.reasoning and name == "entropix"
+            choice = choose(p.sampler, p.overrides, SAMPLER_NAMES)
+            warnings = list(choice.notes)
+            reasoning = p.reasoning and choice.spec.reasoning
             if p.reasoning and not reasoning:
-                warnings.append(f"reasoning ignored: the {name} sampler has no reasoning profile")
+                warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning profile")
+            seed = p.seed if p.seed is not None else random_seed()
+            # Every sampler, greedy and deliberate included: penalties change the logits, not the sampling.
             try:
-                sampler = make_sampler(
-                    name, tokenizer=engine.tokenizer, model_name=engine.name, reasoning=reasoning, **overrides
-                )
+                prepared = loaded.prepare(ids, choice, p.max_tokens, seed, p.penalties, reasoning=reasoning)
+            except ContextOverflowError as e:
+                where = "messages" if chat else "prompt"
+                raise APIError(400, str(e), where, code="context_length_exceeded") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
-        room = engine.context - len(ids)
-        if room <= 0:
-            raise APIError(
-                400,
-                f"the prompt has {len(ids)} tokens but the model's context holds {engine.context}; shorten it",
-                "messages" if chat else "prompt",
-                code="context_length_exceeded",
-            )
-        max_tokens = p.max_tokens
-        if max_tokens is None:
-            max_tokens = room
-        elif max_tokens > room:
+        if prepared.clamped:
             warnings.append(
-                f"max_tokens {max_tokens} clamped to {room}: the prompt's {len(ids)} tokens "
+                f"max_tokens {p.max_tokens} clamped to {prepared.room}: the prompt's {len(ids)} tokens "
                 f"leave that much of the {engine.context}-token context"
             )
-            max_tokens = room
-        seed = p.seed if p.seed is not None else random_seed()
-        # Every sampler, greedy and deliberate included: they change the logits, not the sampling.
-        penalties = make_penalties(**p.penalties, prompt=ids)
-        recipe = {"sampler": name, "overrides": overrides, "penalties": p.penalties, "reasoning": reasoning}
-        job = Job(ids, sampler, max_tokens, seed, p.logprobs, p.top_logprobs, p.stop, penalties, recipe=recipe)
+        recipe = {"sampler": choice.name, "overrides": choice.params, "penalties": p.penalties, "reasoning": reasoning}
+        job = Job(
+            ids,
+            prepared.sampler,
+            prepared.max_tokens,
+            seed,
+            p.logprobs,
+            p.top_logprobs,
+            p.stop,
+            prepared.penalties,
+            recipe=recipe,
+        )
         return job, warnings
 
     # -- endpoints -------------------------------------------------------
@@ -272,7 +268,7 @@ class Server:
 
     async def info(self, request: Request):
         """What the page needs: samplers, strategy colours, the card's thresholds."""
-        cfg, source = resolve_config(self.engine.name)
+        cfg, source = resolve_config(self.engine.loaded.card.ref)
         return JSONResponse(
             {
                 "model": self.engine.name,

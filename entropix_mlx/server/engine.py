@@ -48,21 +48,20 @@ class Job:
 class Engine:
     def __init__(
         self,
-        model,
-        tokenizer,
-        name: str,
+        loaded,
         prefix_cache: PrefixCache | None = None,
         batch_size: int = 8,
         lockstep=None,
         worker: bool = True,
     ):
-        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.loaded = loaded  # the front door: samplers and requests are prepared through it
+        self.model, self.tokenizer, self.name = loaded.model, loaded.tokenizer, loaded.name
         # Under a launcher with a split model: every operation on the model is
         # shared with the other ranks before it runs (lockstep.py). None: one process.
         self.lockstep = lockstep
         self.batch_size = batch_size
         self._waiting: deque = deque()
-        self.context = model.args.max_position_embeddings
+        self.context = loaded.context
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="entropix-engine", daemon=True)

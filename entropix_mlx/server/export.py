@@ -6,7 +6,7 @@ the tokens as JSON data, no network needed to open it."""
 import json
 from importlib import resources
 
-from ..decode.registry import SAMPLER_NAMES
+from ..front import SAMPLER_NAMES
 from ..sampling.config import THRESHOLDS, resolve_config
 from ..sampling.recorder import recording
 from .responses import record

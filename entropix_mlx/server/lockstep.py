@@ -21,10 +21,9 @@ import signal
 import sys
 import time
 
-from ..decode.registry import make_sampler
 from ..distributed import World, broadcast_json
 from ..errors import DistributedError
-from ..sampling.penalties import make_penalties
+from ..front import Choice
 from .batched import BatchRunner
 from .engine import Engine, Job
 
@@ -54,23 +53,24 @@ class Lockstep:
 
 def rebuild(engine: Engine, recipe: dict) -> Job:
     """Rank 0's job, as `job_recipe` described it, with no client."""
-    sampler = make_sampler(
-        recipe["sampler"],
-        tokenizer=engine.tokenizer,
-        model_name=engine.name,
+    choice = Choice(recipe["sampler"], recipe["sampler"], recipe["overrides"])
+    prepared = engine.loaded.prepare(
+        recipe["ids"],
+        choice,
+        recipe["max_tokens"],
+        recipe["seed"],
+        recipe["penalties"],
         reasoning=recipe.get("reasoning", False),
-        **recipe["overrides"],
     )
-    penalties = make_penalties(**recipe["penalties"], prompt=recipe["ids"])
     return Job(
         recipe["ids"],
-        sampler,
-        recipe["max_tokens"],
+        prepared.sampler,
+        prepared.max_tokens,
         recipe["seed"],
         recipe["logprobs"],
         recipe["top_logprobs"],
         recipe["stop"],
-        penalties,
+        prepared.penalties,
     )
 
 

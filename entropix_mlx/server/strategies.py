@@ -4,7 +4,8 @@ theme), so a token looks the same in the terminal recording and on the page. A
 style may add more than a colour (e.g. "default underline"): underline, bold and
 italic carry over as CSS; "default" is the theme's text colour."""
 
-from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, legend_strategies, strategy_color
+from ..front.registry import legend
+from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, strategy_color
 
 DECORATIONS = ("underline", "bold", "italic")
 # The theme's 16 terminal colours, by their style names.
@@ -39,12 +40,12 @@ def page_info(sampler_names, entropix_config=None, vocabulary: int | None = None
     """Colours (and decorations) of every known strategy, a few spares for
     strategies a future sampler adds, and each sampler's legend (Entropix's: the
     strategies the served card leaves on and gives steps to, as in the terminal)."""
-    styles = {name: strategy_color(name) for name in list(STRATEGY_COLORS)}
+    styles = {name: strategy_color(name) for name in STRATEGY_COLORS}
     decorations = {name: [d for d in DECORATIONS if d in s.split()] for name, s in styles.items()}
     return {
         "colors": {name: css_color(s) for name, s in styles.items()},
         "decorations": {name: d for name, d in decorations.items() if d},
         "spare_colors": [css_color(c) for c in SPARE_COLORS],
-        "legends": {name: legend_strategies(name, entropix_config, vocabulary) for name in sampler_names},
+        "legends": {name: legend(name, entropix_config, vocabulary) for name in sampler_names},
         "background": THEME_BACKGROUND,
     }

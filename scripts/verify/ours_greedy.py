@@ -9,7 +9,7 @@ import entropix_mlx.accel
 
 entropix_mlx.accel.enable()
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.registry import make_sampler
+from entropix_mlx.front.registry import build
 from entropix_mlx.model.loading import load
 
 PROMPTS = ["The capital of France is", "Write a haiku about rain.", "def fibonacci(n):"]
@@ -21,9 +21,7 @@ res = {}
 for p in PROMPTS:
     ids = tok.encode(p)
     toks = [
-        e.token
-        for e in generate(model, tok, ids, make_sampler("greedy", metrics=False), max_tokens=n)
-        if hasattr(e, "token")
+        e.token for e in generate(model, tok, ids, build("greedy", metrics=False), max_tokens=n) if hasattr(e, "token")
     ]
     res[p] = {"prompt": ids, "tokens": toks, "text": tok.decode(toks)}
     print(repr(p), ids[:8], toks, repr(tok.decode(toks))[:100])

@@ -1,0 +1,161 @@
+"""The front door: a loaded model with its card, and what every caller does with
+it (the CLI, the server, eval, the Python API): build a sampler by name, prepare
+a request, decode it.
+
+`choose` resolves what a request asks for (the sampler that answers and the
+sampling parameters it takes, with notes on what changed) once per request;
+`LoadedModel.prepare` then builds that sampler with the model's card, clamps the
+answer to the context and makes the penalties."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..decode.generate import generate
+from ..decode.prompt import encode_chat, encode_raw
+from ..errors import ConfigError, ContextOverflowError
+from ..model.loading import ModelSource
+from ..sampling.parameters import check_parameters
+from ..sampling.penalties import make_penalties
+from ..sampling.samplers import Sampler
+from .registry import SAMPLER_NAMES, SamplerSpec, build, spec_of
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """Where a model's settings come from, bound to it at load."""
+
+    name: str  # the model's name, as cards are named (a GGUF file's stem, a directory's name)
+    path: Path | None  # its card; None: no card could be read or written, defaults run
+    kind: str  # "shipped", "user" (measured on an earlier first use), "measured" (now), "none"
+    tokenizer: object = field(repr=False, default=None)  # the thinking text is in the model's tokens
+
+    @property
+    def ref(self):
+        """What the settings resolvers read: the card file, else the name (its shipped card, if any)."""
+        return self.path if self.path is not None else self.name
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a request asked for, resolved: the sampler that answers, the sampling
+    parameters it takes, and a note for each thing that changed."""
+
+    asked: str
+    name: str
+    params: dict
+    notes: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> SamplerSpec:
+        return spec_of(self.name)
+
+
+def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> Choice:
+    """Sampler `sampler` among `names` with sampling `params` (None values unset),
+    each checked against its range. Parameters a sampler does not take are left
+    out with a note; temperature 0 hands the answer to greedy with a note."""
+    spec = spec_of(sampler, names)
+    given = check_parameters(params or {})
+    if given and not spec.parameters:
+        note = f"{', '.join(given)} ignored: the {sampler} sampler takes no sampling parameters"
+        return Choice(sampler, sampler, {}, (note,))
+    if given.get("temperature") == 0:
+        note = "temperature 0 asks for deterministic answers: the greedy sampler answered"
+        return Choice(sampler, "greedy", {}, (note,))
+    return Choice(sampler, sampler, given, ())
+
+
+@dataclass
+class Prepared:
+    """One request, ready to decode."""
+
+    ids: list[int]
+    sampler: Sampler
+    max_tokens: int  # within the context
+    seed: int = 0
+    penalties: object = None
+    room: int = 0  # what the context leaves after the prompt
+    clamped: bool = False  # the asked max_tokens did not fit: a "length" finish is "context"
+    notes: list[str] = field(default_factory=list)
+
+    def finish(self, reason: str) -> str:
+        return "context" if reason == "length" and self.clamped else reason
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer, where it came from and its card."""
+
+    model: object
+    tokenizer: object
+    source: ModelSource
+    card: ModelCard
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def context(self) -> int:
+        return self.model.args.max_position_embeddings
+
+    def sampler(self, name: str, config=None, reasoning: bool = False, **overrides) -> Sampler:
+        """Sampler `name` with this model's card (see `registry.build`)."""
+        return build(name, self.tokenizer, self.card.ref, config, reasoning, **overrides)
+
+    def encode(self, messages: list[dict] | None = None, text: str | None = None) -> list[int]:
+        """Token ids of chat `messages` (the model's chat template) or of `text` as is."""
+        if messages is None:
+            return encode_raw(self.tokenizer, text)
+        try:
+            return encode_chat(self.tokenizer, messages)
+        except ValueError as e:  # transformers: no chat template
+            raise ConfigError(f"this model has no chat template ({e})") from None
+
+    def prepare(
+        self,
+        ids: list[int],
+        choice: Choice | Sampler,
+        max_tokens: int | None = None,
+        seed: int = 0,
+        penalties: dict | None = None,
+        config=None,
+        reasoning: bool = False,
+        **settings,
+    ) -> Prepared:
+        """The request for prompt `ids`: the chosen sampler with the card's settings
+        under `config` and `settings` (for deliberate `budget`, for eval `metrics`,
+        `k`), or a sampler already made; the answer kept within the context (None:
+        all the context leaves); the penalties (presence, frequency, repetition)
+        over the prompt too."""
+        room = self.context - len(ids)
+        if room <= 0:
+            raise ContextOverflowError(
+                f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
+            )
+        if isinstance(choice, Choice):
+            reasoning = reasoning and choice.spec.reasoning
+            sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
+        else:
+            sampler, notes = choice, ()
+        limit = room if max_tokens is None else min(max_tokens, room)
+        return Prepared(
+            list(ids),
+            sampler,
+            limit,
+            seed,
+            make_penalties(**(penalties or {}), prompt=ids),
+            room,
+            max_tokens is not None and max_tokens > room,
+            list(notes),
+        )
+
+    def penalties(self, presence=None, frequency=None, repetition=None, prompt=()):
+        """The penalties asked for over `prompt` (None: off): for a caller that
+        keeps its own prompt across turns (chat)."""
+        return make_penalties(presence, frequency, repetition, prompt=prompt)
+
+    def generate(self, prepared: Prepared, cache=None):
+        """A `Generation` of the prepared request (iterate it for token events)."""
+        p = prepared
+        return generate(self.model, self.tokenizer, p.ids, p.sampler, p.max_tokens, p.seed, cache, p.penalties)

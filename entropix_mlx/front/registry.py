@@ -1,0 +1,193 @@
+"""Each sampler described once: how it is built, what it takes, what it can
+show and how it answers. The CLI, the server, eval, the legend and the docs
+read this table; nothing else compares sampler names.
+
+`build(name, ...)` makes one. `card` is where the model's settings are read
+from: a card file (the model's own, bound by `load`), a model name (its shipped
+card, if any) or None (the defaults)."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..decode.deliberate import Deliberator
+from ..decode.voting import Voter
+from ..errors import ConfigError
+from ..sampling.config import SamplerConfig, resolve_config
+from ..sampling.deliberate_config import COT_DECODING, DeliberateConfig, resolve_deliberate
+from ..sampling.entropix import EntropixSampler
+from ..sampling.parameters import PARAMETERS
+from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
+from ..sampling.strategies import unreachable
+from ..sampling.voting import PRESETS as VOTE_PRESETS
+from ..sampling.voting import VoteConfig
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str
+    make: Callable[..., Sampler]  # (spec, card, config, reasoning, tokenizer, overrides) -> Sampler
+    settings: type | None = None  # its settings class (a card table), if it has one
+    parameters: tuple[str, ...] = ()  # the sampling parameters a request may set for it
+    strategies: tuple[str, ...] = ("argmax",)  # what its tokens can be coloured as, legend order
+    deterministic: bool = False  # the same answer for every seed
+    whole_answers: bool = False  # it chooses among whole answers (task files, not open text)
+    reads_card: bool = False  # its settings come from the model's card (and a config file)
+    reasoning: bool = False  # it has a reasoning profile
+    budget: bool = False  # it takes a token budget
+    everywhere: bool = True  # run, chat and serve name it (else eval only)
+    rule: dict | None = None  # a deliberate rule: the card's [deliberate] with these fields replaced
+    preset: object = None  # a fixed preset its settings start from
+
+
+def _entropix(spec, card, config, reasoning, tokenizer, overrides):
+    overrides.pop("metrics", None)  # Entropix always needs its metrics
+    cfg, source = resolve_config(card, config, reasoning, **overrides)
+    return EntropixSampler(cfg, tokenizer, source)
+
+
+def _greedy(spec, card, config, reasoning, tokenizer, overrides):
+    return GreedySampler(overrides.get("metrics", True), overrides.get("logprobs", True))
+
+
+def _baseline(cls):
+    def make(spec, card, config, reasoning, tokenizer, overrides):
+        overrides.pop("logprobs", None)  # they sample with them
+        try:
+            return cls(**overrides)
+        except TypeError:
+            known = ", ".join([*PARAMETERS, "metrics"])
+            raise ConfigError(f"sampler '{spec.name}' takes only {known}; got {', '.join(overrides)}") from None
+
+    return make
+
+
+def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
+    for key in ("metrics", "logprobs"):
+        overrides.pop(key, None)
+    if spec.preset is not None:  # whatever the card says
+        return Deliberator(spec.preset.replace(**overrides), f"the {spec.name} preset", spec.name)
+    cfg, source = resolve_deliberate(card, config, **{**(spec.rule or {}), **overrides})
+    return Deliberator(cfg, source, spec.name)
+
+
+def _vote(spec, card, config, reasoning, tokenizer, overrides):
+    for key in ("metrics", "logprobs"):
+        overrides.pop(key, None)
+    source = "preset" if not overrides else "preset and overrides"
+    return Voter(spec.name, spec.preset.replace(**overrides), source)
+
+
+SAMPLING = tuple(PARAMETERS)
+# deliberate's earlier rule and other budgets, for comparison in eval: the card's [deliberate]
+# table with these fields replaced (docs/deliberate.md, "Per token spent"). The budgets vote
+# by confidence over the greedy answer and 1 or 4 first-token alternatives; no early stop,
+# which saves nothing with two candidates and cost the wide set answers on dev. The staged
+# one starts the last 3 of the wide set only when the first two disagree. Their answers are
+# chains of thought, which repeat numbers on purpose: only an answer cut off by the limit
+# loses to one that ended (`length`).
+_FIRST_TOKEN_VOTE = dict(
+    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
+)
+_DELIBERATE = dict(
+    make=_deliberate,
+    settings=DeliberateConfig,
+    strategies=("argmax", "split", "branch"),
+    deterministic=True,
+    whole_answers=True,
+    reads_card=True,
+)
+_VOTE = dict(make=_vote, settings=VoteConfig, strategies=("sample",), whole_answers=True, everywhere=False)
+
+SAMPLERS = {
+    s.name: s
+    for s in (
+        SamplerSpec(
+            "entropix",
+            _entropix,
+            SamplerConfig,
+            SAMPLING,
+            ("argmax", "think", "branch", "resample", "adaptive"),
+            reads_card=True,
+            reasoning=True,
+        ),
+        SamplerSpec("greedy", _greedy, deterministic=True),
+        SamplerSpec("temperature", _baseline(TemperatureSampler), None, SAMPLING, ("sample", "argmax")),
+        SamplerSpec("min_p", _baseline(MinPSampler), None, SAMPLING, ("sample", "argmax")),
+        SamplerSpec("deliberate", **_DELIBERATE, budget=True),
+        *(SamplerSpec(name, **_VOTE, preset=preset) for name, preset in VOTE_PRESETS.items()),
+        SamplerSpec("cot_decoding", **{**_DELIBERATE, "reads_card": False}, everywhere=False, preset=COT_DECODING),
+        *(
+            SamplerSpec(name, **_DELIBERATE, everywhere=False, rule=rule)
+            for name, rule in {
+                "deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0),
+                "deliberate_narrow": dict(first_alternatives=1, **_FIRST_TOKEN_VOTE),
+                "deliberate_wide": dict(first_alternatives=4, **_FIRST_TOKEN_VOTE),
+                "deliberate_staged": dict(first_alternatives=4, first_stage=1, **_FIRST_TOKEN_VOTE),
+            }.items()
+        ),
+    )
+}
+# What every other sampler is compared with, item by item (it runs once: it never samples).
+BASELINE = "greedy"
+# The names run, chat and serve take; eval takes every name.
+SAMPLER_NAMES = tuple(n for n, s in SAMPLERS.items() if s.everywhere)
+EVAL_SAMPLER_NAMES = tuple(SAMPLERS)
+
+
+def spec_of(name: str, names: tuple[str, ...] = EVAL_SAMPLER_NAMES) -> SamplerSpec:
+    """The sampler `name` among `names`, or a one-line error that lists them."""
+    if name not in names:
+        raise ConfigError(f"unknown sampler '{name}'; choose one of: {', '.join(names)}")
+    return SAMPLERS[name]
+
+
+def names_where(**facts) -> tuple[str, ...]:
+    """The samplers whose spec has these facts, e.g. `names_where(whole_answers=True)`."""
+    return tuple(n for n, s in SAMPLERS.items() if all(getattr(s, k) == v for k, v in facts.items()))
+
+
+def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = False, **overrides) -> Sampler:
+    """Sampler `name` with the settings of `card` under `config` (the samplers that
+    read the card: a .toml file, or for entropix a preset name or a SamplerConfig)
+    and `overrides` (None values are ignored): sampling parameters, `metrics`
+    (False: a baseline skips them), `logprobs` (greedy only), `budget`, `k`, or
+    any field of the sampler's settings. `reasoning`: entropix's reasoning profile;
+    `tokenizer`: the model's (entropix's thinking text is in its tokens)."""
+    spec = spec_of(name)
+    if reasoning and not spec.reasoning:
+        raise ConfigError(f"the reasoning profile is the entropix sampler's; the {name} sampler has none")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return spec.make(spec, card, config if spec.reads_card else None, reasoning, tokenizer, overrides)
+
+
+def legend(name: str, config=None, vocabulary: int | None = None) -> list[str]:
+    """The strategies sampler `name` can choose: an Entropix config may switch some
+    off, or leave them no step (`strategies.unreachable`; adaptive, the fallback, always stays)."""
+    spec = SAMPLERS.get(name)
+    if spec is None:
+        return []
+    enabled = getattr(config, "strategies", None)
+    if isinstance(config, SamplerConfig) and enabled:
+        never = unreachable(config, vocabulary)
+        return [s for s in spec.strategies if (s in enabled and s not in never) or s == "adaptive"]
+    return list(spec.strategies)
+
+
+def sampler_legend(sampler, vocabulary: int | None = None) -> list[str]:
+    """The strategies this sampler instance can choose (its own config decides)."""
+    return legend(sampler.name, getattr(sampler, "config", None), vocabulary)
+
+
+def spec_for(sampler) -> SamplerSpec | None:
+    """The spec of a sampler instance (None for one made outside the registry)."""
+    return SAMPLERS.get(getattr(sampler, "name", None))
+
+
+def deterministic(sampler) -> bool:
+    """Whether the sampler's answer is the same for every seed: greedy and
+    deliberate never sample, nor does a baseline at temperature 0. Entropix
+    always may: its fallback, adaptive, draws candidates."""
+    spec = spec_for(sampler)
+    if spec is not None and spec.deterministic:
+        return True
+    return getattr(sampler, "params", {}).get("temperature") == 0

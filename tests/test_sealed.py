@@ -1,0 +1,83 @@
+"""Sealed task files: every scoring logged with its configuration hash, commit and
+time; a second configuration under the same sampler name refused unless asked."""
+
+import json
+
+import pytest
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
+from test_cli_run import invoke, one_error_line
+
+from entropix_mlx.eval import sealed
+
+TASKS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+
+
+@pytest.fixture
+def tiny_ref(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"")
+    return shelve(monkeypatch, path, make_loaded(make_tiny_model(), make_tiny_tokenizer(), path))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "entropix-mlx" / "sealed"
+
+
+def task_file(path, sealed_marker=True):
+    path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    if sealed_marker:
+        (path.parent / f"{path.name}.sealed").write_text("")
+    return path
+
+
+def entries(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_shared_sealed_file_is_known_by_its_hash(tmp_path):
+    plain = task_file(tmp_path / "plain.jsonl", sealed_marker=False)
+    assert not sealed.is_sealed(plain)
+    (tmp_path / "plain.jsonl.sealed").write_text("")
+    assert sealed.is_sealed(plain)
+    assert len(sealed.listed_hashes()) >= 1 and all(len(h) == 64 for h in sealed.listed_hashes())
+
+
+def test_each_scoring_is_logged_and_another_configuration_is_refused(tiny_ref, tmp_path, cache):
+    tasks = task_file(tmp_path / "held.jsonl")
+    args = ["eval", tasks, "-m", tiny_ref, "--samplers", "greedy,entropix", "--max-tokens", "3"]
+    other = tmp_path / "other.toml"
+    other.write_text("[sampler]\ntemperature = 0.5\n")
+    code, _, err = invoke(*args, "--out", tmp_path / "a")
+    assert code == 0, err
+    (logged,) = entries(tmp_path / "a" / "scoring_log.jsonl")
+    assert logged["file"] == "held.jsonl" and logged["file_sha256"] == sealed.file_hash(tasks)
+    assert {r["sampler"] for r in logged["rows"]} == {"greedy", "entropix"} and logged["rescore"] is False
+    assert logged["time"] and "commit" in logged
+    assert entries(next(cache.glob("*.jsonl"))) == [logged]  # the machine's log too
+
+    # The same configuration again (another folder): allowed, and logged again.
+    code, _, err = invoke(*args, "--out", tmp_path / "b")
+    assert code == 0, err
+    assert len(entries(next(cache.glob("*.jsonl")))) == 2
+
+    # entropix with another temperature: refused before anything runs, whatever the folder.
+    code, _, err = invoke(*args, "--config", other, "--out", tmp_path / "c")
+    assert code == 2 and "sealed" in one_error_line(err) and "--rescore-sealed" in err and "'entropix'" in err
+    assert not (tmp_path / "c" / "items.jsonl").exists()
+
+    code, _, err = invoke(*args, "--config", other, "--out", tmp_path / "c", "--rescore-sealed")
+    assert code == 0, err
+    last = entries(next(cache.glob("*.jsonl")))[-1]
+    assert last["rescore"] is True
+    configs = [{r["sampler"]: r["config"] for r in e["rows"]} for e in (logged, last)]
+    assert configs[0]["greedy"] == configs[1]["greedy"] and configs[0]["entropix"] != configs[1]["entropix"]
+
+
+def test_a_file_that_is_not_sealed_keeps_the_plain_scoring_log(tiny_ref, tmp_path, cache):
+    tasks = task_file(tmp_path / "open.jsonl", sealed_marker=False)
+    code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2", "--out", tmp_path)
+    assert code == 0, err
+    (logged,) = entries(tmp_path / "scoring_log.jsonl")
+    assert "file_sha256" not in logged and not cache.exists()
