@@ -1,0 +1,289 @@
+"""Replay gated `deliberate` rules offline from one wide pool run (docs/gated-deliberate.md).
+
+Every rule starts from the greedy chain, reads its per-token measurements to decide whether
+its answer stands, and otherwise adds candidates from the pool (first-token alternatives,
+branches inside the chain), each stopped early by its running confidence if the rule says
+so, and takes a CISC vote. A candidate's tokens are exactly the pool's: a branch continued
+greedily from a prefix is the same whether it started during the greedy chain or after it.
+
+    python scripts/gated_replay.py POOL_DIR [--json OUT.json] [--items A-B]
+
+POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read).
+"""
+
+import argparse
+import gzip
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from entropix_mlx.eval.scoring import parse_number  # noqa: E402
+from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
+
+WINDOW = 16  # DeepConf's group of consecutive tokens
+TAIL = 32
+SPIKE_BITS = 2.0
+VOTE_TEMPERATURE = 0.1
+QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
+# Higher is surer for every signal: "stop at greedy" when the signal is at or above the gate.
+SIGNALS = ("lowest_group", "answer_margin", "tail_logprob", "calm_tokens", "calm_varentropy", "head_agreement")
+
+
+def read_pool(folder: Path) -> list[dict]:
+    lines = []
+    if (folder / "items.jsonl").exists():
+        lines = (folder / "items.jsonl").read_text().splitlines()
+    else:
+        for part in sorted(folder.glob("items-*.jsonl.gz")):
+            with gzip.open(part, "rt") as f:
+                lines += f.read().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    greedy = {r["index"]: r for r in records if r["sampler"] == "greedy"}
+    pool = {r["index"]: r for r in records if r["sampler"] != "greedy"}
+    return [(greedy.get(i), pool[i]) for i in sorted(pool)]
+
+
+@dataclass
+class Cand:
+    kind: str  # "greedy", "first" (a first-token alternative), "inside" (a branch inside the chain)
+    order: int  # its rank among its kind: the likeliest first tokens first, branch points in order
+    split: int
+    answer: Fraction | None
+    right: bool
+    ended: bool  # ended on its own before the limit
+    own: int  # tokens it generated itself
+    logprobs: list
+    measures: dict
+    answer_margin: float
+
+
+def candidates(record: dict) -> list[Cand]:
+    expected = parse_number(str(record["expected"]))
+    out, firsts, insides = [], 0, 0
+    for c in record["candidates"]:
+        answer = parse_number(c["answer"]) if c["answer"] is not None else None
+        if c["split"] is None:
+            kind, order = "greedy", 0
+        elif c["split"] == 0:
+            kind, order, firsts = "first", firsts, firsts + 1
+        else:
+            kind, order, insides = "inside", insides, insides + 1
+        out.append(
+            Cand(
+                kind,
+                order,
+                c["split"] or 0,
+                answer,
+                answer is not None and answer == expected,
+                c["finish_reason"] != "length",
+                c["own_tokens"],
+                c["logprobs"],
+                c.get("measures", {}),
+                c["answer_margin"],
+            )
+        )
+    firsts_sorted = sorted((c for c in out if c.kind == "first"), key=lambda c: -c.logprobs[0])
+    for rank, c in enumerate(firsts_sorted):
+        c.order = rank
+    insides_sorted = sorted((c for c in out if c.kind == "inside"), key=lambda c: c.split)
+    for rank, c in enumerate(insides_sorted):
+        c.order = rank
+    return out
+
+
+def windows(logprobs: list, width: int = WINDOW) -> list[float]:
+    if len(logprobs) <= width:
+        return [sum(logprobs) / len(logprobs)] if logprobs else [0.0]
+    return [sum(logprobs[i : i + width]) / width for i in range(len(logprobs) - width + 1)]
+
+
+def signals(g: Cand) -> dict:
+    m = g.measures
+    return {
+        "lowest_group": min(windows(g.logprobs)),
+        "answer_margin": g.answer_margin,
+        "tail_logprob": sum(g.logprobs[-TAIL:]) / max(1, len(g.logprobs[-TAIL:])),
+        "calm_tokens": -sum(e > SPIKE_BITS for e in m.get("entropy", [])),
+        "calm_varentropy": -max(m.get("varentropy", [0.0])),
+        "head_agreement": -sum(m.get("agreement", [0.0])) / max(1, len(m.get("agreement", []))),
+    }
+
+
+def stopped_at(c: Cand, floor: float) -> int | None:
+    """DeepConf online: the token count at which the candidate's running 16-token mean
+    log-probability first falls below `floor` (None: it never does)."""
+    own = c.logprobs[c.split :]
+    for end in range(WINDOW, len(own) + 1):
+        if sum(own[end - WINDOW : end]) / WINDOW < floor:
+            return end
+    return None
+
+
+def vote(cands: list[Cand]) -> tuple[Fraction | None, bool]:
+    """CISC over the candidates that ended (all of them when none did): (answer, right)."""
+    pool = [c for c in cands if c.ended and c.answer is not None] or [c for c in cands if c.answer is not None]
+    if not pool:
+        return None, cands[0].right
+    weights: dict = {}
+    for c in pool:
+        mean = sum(c.logprobs) / len(c.logprobs) if c.logprobs else 0.0
+        weights[c.answer] = weights.get(c.answer, 0.0) + math.exp(mean / VOTE_TEMPERATURE)
+    best = max(weights, key=lambda a: (weights[a], -[c.answer for c in pool].index(a)))
+    return best, any(c.answer == best and c.right for c in pool)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    signal: str | None  # None: never stops at greedy
+    quantile: float  # share of questions that stop at greedy (from the dev quantile of the signal)
+    firsts: int  # first-token alternatives an unsure question adds
+    insides: int  # branches inside the chain it adds
+    staged: bool  # the second half only when the first half disagrees with greedy
+    online_stop: bool  # DeepConf online: stop a candidate whose running confidence falls below greedy's lowest group
+    disagreement_only: bool = False  # the `staged` baseline's own rule
+
+
+def pick(cands: list[Cand], firsts: int, insides: int) -> list[Cand]:
+    f = sorted((c for c in cands if c.kind == "first"), key=lambda c: c.order)[:firsts]
+    i = sorted((c for c in cands if c.kind == "inside"), key=lambda c: c.order)[:insides]
+    return f + i
+
+
+def settled(group: list[Cand]) -> bool:
+    """The staged baseline's stop: every candidate ended on one answer."""
+    return all(c.ended and c.answer is not None for c in group) and len({c.answer for c in group}) == 1
+
+
+def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
+    g = cands[0]
+    spent, rerun = g.own, 0
+    if rule.disagreement_only:
+        first = [g, *pick(cands, 1, 0)]
+        spent += sum(c.own for c in first[1:])
+        chosen = first
+        if not settled(first):
+            more = pick(cands, 4, 0)[1:]
+            spent += sum(c.own for c in more)
+            rerun += len(more)
+            chosen = first + more
+        answer, right = vote(chosen)
+        return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": len(chosen) > 1}
+    sure = g.ended and rule.signal is not None and signals(g)[rule.signal] >= gate
+    if sure:
+        return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False}
+    extra = pick(cands, rule.firsts, rule.insides)
+    stages = [extra]
+    if rule.staged and len(extra) > 1:
+        half = max(1, len(extra) // 2)
+        stages = [extra[:half], extra[half:]]
+    floor = min(windows(g.logprobs)) if rule.online_stop else None
+    voters = [g]
+    for n, stage in enumerate(stages):
+        if n > 0 and settled(voters):
+            break
+        for c in stage:
+            stop = stopped_at(c, floor) if floor is not None else None
+            spent += stop if stop is not None else c.own
+            rerun += 1
+            if stop is None:
+                voters.append(c)
+    answer, right = vote(voters)
+    return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": True}
+
+
+def grid() -> list[Rule]:
+    sets = [(1, 0), (2, 0), (4, 0), (0, 1), (0, 2), (0, 3), (1, 1), (2, 2)]
+    rules = [Rule("staged (disagreement only)", None, 0.0, 4, 0, True, False, disagreement_only=True)]
+    for signal, q in [(None, 0.0), *itertools.product(SIGNALS, QUANTILES)]:
+        for (f, i), staged, online in itertools.product(sets, (False, True), (False, True)):
+            if staged and f + i < 2:
+                continue
+            gate = "always" if signal is None else f"{signal}>=q{q:g}"
+            name = f"{gate} +{f}first +{i}inside{' staged' if staged else ''}{' deepconf' if online else ''}"
+            rules.append(Rule(name, signal, q, f, i, staged, online))
+    return rules
+
+
+def table(pool: list, rules: list[Rule]) -> list[dict]:
+    items = [(greedy, candidates(record)) for greedy, record in pool]
+    greedy_right = {i: float(c[0].right) for i, (_, c) in enumerate(items)}
+    greedy_tokens = sum(c[0].own for _, c in items) / len(items)
+    values = {s: sorted(signals(c[0])[s] for _, c in items) for s in SIGNALS}
+    rows = []
+    for rule in rules:
+        gate = None
+        if rule.signal is not None:  # stop at greedy on the surest `quantile` share of questions
+            v = values[rule.signal]
+            gate = v[min(len(v) - 1, int(len(v) * (1 - rule.quantile)))]
+        outcomes = [replay(rule, c, gate) for _, c in items]
+        right = {i: float(o["right"]) for i, o in enumerate(outcomes)}
+        n, k = len(outcomes), sum(right.values())
+        wins = sum(right[i] > greedy_right[i] for i in right)
+        losses = sum(right[i] < greedy_right[i] for i in right)
+        diff = paired_difference(right, greedy_right)
+        tokens = sum(o["tokens"] for o in outcomes) / n
+        rows.append(
+            {
+                "rule": rule.name,
+                "reads_measurements": rule.signal is not None,
+                "accuracy": k / n,
+                "interval": wilson_interval(k, n),
+                "tokens": tokens,
+                "x_greedy": tokens / greedy_tokens,
+                "rerun_rows": sum(o["rerun"] for o in outcomes) / n,
+                "spent_more": sum(o["spent_more"] for o in outcomes) / n,
+                "wins": wins,
+                "losses": losses,
+                "p": sign_test(wins, losses),
+                "diff": diff,
+            }
+        )
+    return rows
+
+
+def choose(rows: list[dict], cap: float = 2.7) -> dict | None:
+    """docs/gated-deliberate.md's selection rule: the rules that read the measurements, at
+    most `cap` x greedy's tokens; the best accuracy, every rule within 1 point of it level,
+    and of those the fewest tokens."""
+    eligible = [r for r in rows if r["reads_measurements"] and r["x_greedy"] <= cap]
+    if not eligible:
+        return None
+    best = max(r["accuracy"] for r in eligible)
+    level = [r for r in eligible if r["accuracy"] >= best - 0.01 - 1e-12]
+    return min(level, key=lambda r: (r["tokens"], -r["accuracy"]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pool", type=Path)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    pool = read_pool(args.pool)
+    rows = table(pool, grid())
+    chosen = choose(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"items": len(pool), "rows": rows, "chosen": chosen}, indent=1) + "\n")
+    greedy = sum(c[0].right for c in (candidates(r) for _, r in pool)) / len(pool)
+    print(f"{len(pool)} items; greedy {100 * greedy:.1f}%; {len(rows)} rules")
+    shown = sorted(rows, key=lambda r: (-r["accuracy"], r["tokens"]))[: args.top]
+    for r in shown + ([chosen] if chosen and chosen not in shown else []):
+        mark = "*" if r is chosen else " "
+        print(
+            f"{mark} {100 * r['accuracy']:5.1f}%  {r['x_greedy']:4.2f}x  W/L {r['wins']:>2}/{r['losses']:<2} "
+            f"p {r['p']:.3f}  {r['rule']}"
+        )
+    base = next(r for r in rows if r["rule"].startswith("staged"))
+    print(f"  baseline {100 * base['accuracy']:5.1f}%  {base['x_greedy']:4.2f}x  W/L {base['wins']}/{base['losses']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
