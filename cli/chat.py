@@ -21,7 +21,7 @@ from entropix_mlx.front import SAMPLER_NAMES, choose
 from entropix_mlx.front.registry import sampler_legend
 
 from . import render
-from .deliberation import deliberation_progress
+from .deliberation import deliberation_progress, deliberation_table
 from .loaded import header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
@@ -197,7 +197,10 @@ class ChatSession:
         else:
             self.conversation.finish(turn, interrupted=interrupted is not None)
             self.out.print()
-            self.out.print(render.summary_line(turn.generation.summary(), prefilled=turn.prefilled))
+            summary = turn.generation.summary()
+            self.out.print(render.summary_line(summary, prefilled=turn.prefilled))
+            if getattr(summary, "deliberation", None):  # deliberate: why it chose
+                self.out.print(deliberation_table(summary.deliberation, self.color))
             if problem:
                 self.meta(problem)
         if isinstance(interrupted, Terminated):  # SIGTERM: the answer so far is shown; now leave

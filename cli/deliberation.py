@@ -5,6 +5,7 @@ branch's number is the one the summary and --json give it (its place in
 `Deliberation.candidates`: the greedy answer is 0, branches by row), not the
 order in which candidates happened to finish."""
 
+from rich.table import Table
 from rich.text import Text
 
 from entropix_mlx.sampling.strategies import strategy_color
@@ -41,3 +42,23 @@ def deliberation_progress(console, tokenizer, color: bool):
         console.print(line)
 
     return show
+
+
+def deliberation_table(deliberation: dict, color: bool) -> Table:
+    """Why `deliberate` chose: each candidate's answer, confidence, score (a vote's
+    share), how it ended and why it did not compete, then the rule that picked the winner."""
+    table = Table(box=None, pad_edge=False, caption=f"rule: {deliberation['reason']}", caption_justify="left")
+    for column in ("candidate", "answer", "confidence", "score", "tokens", "ended"):
+        table.add_column(column, justify="left" if column in ("candidate", "answer", "ended") else "right")
+    for i, row in enumerate(deliberation.get("table", [])):
+        chosen = i == deliberation["chosen"]
+        ended = {"eos": "on its own", "stopped": "stopped early: the vote was decided"}.get(row["ended"], row["ended"])
+        if row["left_out"] and row["ended"] != "stopped":
+            ended += f" (left out: {row['left_out']})"
+        score = "" if row["score"] is None else f"{row['score']:.3f}"
+        name = row["candidate"] + (" (chosen)" if chosen else "")
+        style = ("bold" if chosen else "") if color else ""
+        table.add_row(
+            name, str(row["answer"]), f"{row['confidence']:.3f}", score, str(row["tokens"]), ended, style=style
+        )
+    return table

@@ -22,7 +22,7 @@ from entropix_mlx.front import choose
 from entropix_mlx.front.registry import sampler_legend
 
 from . import render
-from .deliberation import deliberation_progress
+from .deliberation import deliberation_progress, deliberation_table
 from .loaded import header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
@@ -172,6 +172,8 @@ def run(
     code, summary = stream(generation, begin, show, json_lines, out, cut_by_context=prepared.clamped)
     if not json_lines:
         err.print(render.summary_line(summary))
+        if getattr(summary, "deliberation", None):  # deliberate: why it chose
+            err.print(deliberation_table(summary.deliberation, color))
     if recorder is not None and w.root:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))

@@ -117,6 +117,7 @@ def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, ca
     assert e.value.code == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert load_toml(out).low_entropy >= 0
+    assert out.read_text().startswith("# Model card for tiny: written by `entropix-mlx calibrate`;")
 
 
 def test_cli_calibrate_unknown_model_is_one_line(capsys):

@@ -173,6 +173,19 @@ def test_chat_save_records_each_turns_sampler_and_seed_and_help_lists_every_samp
     data = json.loads(saved.read_text())
     assert (data["sampler"], data["seed"]) == ("greedy", 0)  # how the session started
     assert [(t["sampler"], t["seed"]) for t in data["turns"]] == [("greedy", 0), ("temperature", 7)]
+    assert not any("deliberation" in t for t in data["turns"])
+
+
+def test_chat_save_keeps_deliberates_candidates_and_why_it_chose(tiny_ref, tmp_path):
+    saved = tmp_path / "chat.json"
+    script = f"hello\n/save {saved}\n"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "3", input=script)
+    assert code == 0, err
+    assert "rule: " in out  # the table after the answer
+    (turn,) = json.loads(saved.read_text())["turns"]
+    d = turn["deliberation"]
+    assert turn["sampler"] == "deliberate" and len(d["candidates"]) == len(d["table"]) > 1
+    assert d["candidates"][d["chosen"]]["text"] == turn["assistant"] and d["reason"]
 
 
 class InterruptingSampler:

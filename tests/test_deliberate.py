@@ -24,6 +24,7 @@ from entropix_mlx.sampling.selection import (
     default_answer,
     lowest_group,
     select,
+    why,
 )
 
 TEXTS = ["What is 7 + 5?", "hi", "a somewhat longer question about nothing in particular"]
@@ -203,6 +204,20 @@ def cand(answer, parent=0, margin=0.5, logprob=-1.0):
         mean_logprob=logprob,
         answer_margin=margin,
     )
+
+
+def test_why_gives_each_candidates_confidence_its_share_of_the_vote_and_why_it_was_left_out():
+    cands = [cand("7", None, logprob=-0.5), cand("8", logprob=-0.2), cand("8", logprob=-0.3), cand("9", logprob=-0.1)]
+    cands[3].finish_reason = "length"  # cut off by the limit: it does not vote under "length"
+    rows = why(cands, "confidence_vote", "length", temperature=0.1)
+    assert [r["candidate"] for r in rows] == ["greedy", "branch 1", "branch 2", "branch 3"]
+    assert [r["confidence"] for r in rows] == [round(math.exp(c.mean_logprob), 3) for c in cands]
+    weights = [math.exp(c.mean_logprob / 0.1) for c in cands[:3]]
+    assert [r["score"] for r in rows[:3]] == [round(w / sum(weights), 3) for w in weights]
+    assert rows[3]["score"] is None and rows[3]["left_out"] == "ran into the length limit"
+    assert all(r["left_out"] is None for r in rows[:3])
+    # Not a vote: the selector's own score of the candidate.
+    assert why(cands, "max_margin", "off")[1]["score"] == 0.5
 
 
 def test_selectors_score_answers_and_keep_greedy_unless_beaten_by_the_margin():

@@ -35,6 +35,28 @@ def test_run_reports_every_branch_in_json_and_stays_in_the_budget(tiny_ref):
     for c in d["candidates"][1:]:
         assert c["split"] == 0 and {"answer", "answer_margin", "mean_logprob", "text"} <= set(c)
     assert tokens[0]["strategy"] == ("split" if d["chosen"] == 0 else "branch")
+    # Nothing a row did not record is written as an empty list (alternatives, measures).
+    assert not any(c.get(k) == [] or c.get(k) == {} for c in d["candidates"] for k in ("top", "measures"))
+    # Why: one row per candidate, in the candidates' order, the chosen one's answer the answer.
+    assert [r["candidate"] for r in d["table"]] == ["greedy", "branch 1", "branch 2"]
+    assert d["table"][d["chosen"]]["answer"] == winner["answer"]
+    assert all(
+        0 <= r["confidence"] <= 1 and r["tokens"] == c["own_tokens"]
+        for r, c in zip(d["table"], d["candidates"], strict=True)
+    )
+
+
+def test_run_ends_a_deliberate_answer_with_why_it_chose(tiny_ref, tmp_path):
+    config = tmp_path / "vote.toml"
+    config.write_text('[deliberate]\nselector = "confidence_vote"\nfirst_alternatives = 2\nclean_first = "off"\n')
+    args = ["run", "What is 7 + 5?", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "6", "--no-color"]
+    code, out, err = invoke(*args, "--config", config)
+    assert code == 0, err
+    table = err[err.index("candidate ") :]
+    header, *rows = [line for line in table.splitlines() if line.strip()]
+    assert header.split() == ["candidate", "answer", "confidence", "score", "tokens", "ended"]
+    assert [r.split()[0] for r in rows[:3]] == ["greedy", "branch", "branch"]
+    assert sum("(chosen)" in r for r in rows) == 1 and rows[-1].startswith("rule: ")
 
 
 def test_run_shows_the_branches_then_the_answer(tiny_ref):

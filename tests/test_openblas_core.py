@@ -76,7 +76,7 @@ def test_openblas_runs_kernels_as_wide_as_this_cpu_allows(tmp_path):
     if core_level(own) < cpu_level(cpu_flags()):
         assert info["core_reason"].startswith(f"OpenBLAS took this CPU for {own}")
     else:
-        assert info["core_reason"] == "its own pick"
+        assert info["core_reason"] == openblas_core.OWN_PICK
 
 
 @needs_openblas

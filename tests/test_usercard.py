@@ -53,6 +53,7 @@ def test_a_card_appears_on_first_use_and_is_used_from_then_on(tiny, tmp_path, ca
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:], strict=False))
     assert stat.S_IMODE(cards_dir.stat().st_mode) == 0o700
     data = tomllib.loads(status.path.read_text())
+    assert status.path.read_text().startswith("# Model card for tiny: written by its first use;")
     assert data["identity"] == model_identity(source) and data["name"] == "tiny"
     # the new-model defaults: the bundled model's winning settings, and its entropies within the vocabulary
     assert data["sampler"]["strategies"] == ["argmax", "branch", "adaptive"]

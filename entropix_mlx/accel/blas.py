@@ -84,7 +84,7 @@ def load_blas() -> dict:
             continue
         core = _core_name(library)
         if forced and (core or "").lower() != forced.lower():
-            core_reason = f"its own pick (OPENBLAS_CORETYPE={forced} was ignored)"
+            core_reason = f"chosen by OpenBLAS for this CPU (OPENBLAS_CORETYPE={forced} was ignored)"
         shim, shim_reason = _load_shim(library)
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # now global: MLX's other BLAS calls resolve to it
         thin = bool(shim and _shim_library.entropix_thin_gemm_active())

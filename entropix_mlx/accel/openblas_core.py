@@ -83,6 +83,10 @@ def own_core(path: str) -> str | None:
     return name if out.returncode == 0 and name else None
 
 
+# Plain words for `doctor`: OpenBLAS chose the kernels, and the CPU offers nothing wider.
+OWN_PICK = "chosen by OpenBLAS for this CPU (nothing wider to switch to)"
+
+
 def better_core(own: str | None, flags: set[str]) -> str | None:
     """The kernel set to force, given OpenBLAS's own pick and the CPU's flags; None keeps its pick."""
     if own is None:
@@ -96,13 +100,13 @@ def forced_core(path: str) -> tuple[str | None, str]:
     if os.environ.get("OPENBLAS_CORETYPE"):
         return None, f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (your setting)"
     if sys.platform != "linux" or platform.machine() != "x86_64":
-        return None, "its own pick"
+        return None, OWN_PICK
     flags = cpu_flags()
     level = cpu_level(flags)
     if level == 0:
-        return None, "its own pick"
+        return None, OWN_PICK
     own = own_core(path)
     forced = better_core(own, flags)
     if forced is None:
-        return None, "its own pick"
+        return None, OWN_PICK
     return forced, f"OpenBLAS took this CPU for {own}, whose kernels leave its {LEVEL_NAMES[level]} unused"

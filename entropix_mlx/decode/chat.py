@@ -172,6 +172,8 @@ class Conversation:
                     "seed": t.seed,
                     "finish_reason": t.finish_reason,
                     "prefilled_tokens": t.prefilled,
+                    # deliberate: each candidate, its answer, confidence and weight, and the rule that chose
+                    **({"deliberation": d.to_dict()} if (d := getattr(t.generation, "deliberation", None)) else {}),
                     "tokens": [
                         {"token": e.token, "text": e.text, "strategy": e.strategy, "logprob": e.logprob}
                         for e in t.events

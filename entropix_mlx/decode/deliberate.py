@@ -35,7 +35,7 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES
 from ..sampling.samplers import GREEDY_PARAMS
-from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select
+from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select, why
 from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .rows import Request, RowResult
@@ -102,7 +102,8 @@ def deliberate_batch(
             candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
         )
         prefilled = later.pop(index, 0) * (len(requests[index].prompt) - len(prefix))
-        yield index, Deliberation(candidates, chosen, reason, scores, prefilled), seconds
+        table = why(candidates, config.selector, config.clean_first, config.vote_temperature, config.group_tokens)
+        yield index, Deliberation(candidates, chosen, reason, scores, prefilled, table), seconds
 
 
 def early_stop(config: DeliberateConfig, candidate) -> Callable[[int, RowResult], bool]:

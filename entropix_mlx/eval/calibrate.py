@@ -214,7 +214,8 @@ def card_text(
     model_path: str | None = None,
 ) -> str:
     lines = [
-        f"# Model card for {model_name}: written by `entropix-mlx calibrate`; [sampler] is read by the",
+        f"# Model card for {model_name}: written by {'its first use' if identity else '`entropix-mlx calibrate`'}; "
+        "[sampler] is read by the",
         "# Entropix sampler (thresholds in bits / bits^2). Edit thinking_text freely; recalibrating keeps it.",
         f"name = {toml_value(model_name)}",
         *([f"identity = {toml_value(identity)}  # the model this card was measured on"] if identity else []),

@@ -65,6 +65,7 @@ class Deliberation:
     reason: str
     scores: dict  # the selector's score per distinct answer
     prefilled: int = 0  # prompt tokens run again for a second stage's rows
+    table: list = field(default_factory=list)  # why: each candidate's answer, confidence and score (`why`)
 
     @property
     def tokens_spent(self) -> int:
@@ -85,7 +86,9 @@ class Deliberation:
             "scores": self.scores,
             "tokens_spent": self.tokens_spent,
             "branches": len(self.candidates) - 1,
-            "candidates": [c.to_dict() for c in self.candidates],
+            "table": self.table,
+            # What a row did not record (alternatives, measures) is left out, not written empty.
+            "candidates": [{k: v for k, v in c.to_dict().items() if v != [] and v != {}} for c in self.candidates],
         }
 
 
@@ -207,6 +210,34 @@ def answer_scores(candidates: list[Candidate], selector: str, temperature: float
 
 def _mean(values: list) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def why(
+    candidates: list[Candidate], selector: str, clean_first: str, temperature: float = 0.1, window: int = 16
+) -> list[dict]:
+    """One row per candidate, for a reader: its answer, how sure the model was of it
+    (exp of its mean log-probability: the geometric mean of its tokens'
+    probabilities), its score under the selector (a vote's share of the votes cast),
+    how it ended, and why it did not compete, if it did not (`Candidate.flaw`)."""
+    pool = [c for c in candidates if c.flaw(clean_first) is None] or candidates
+    score, _ = SELECTORS[selector]
+    values = {id(c): score(c, temperature, window) for c in pool if c.answer is not None}
+    total = sum(values.values()) if selector in VOTE_SELECTORS else 0.0
+    rows = []
+    for i, c in enumerate(candidates):
+        value = values.get(id(c))
+        rows.append(
+            {
+                "candidate": "greedy" if c.parent is None else f"branch {i}",
+                "answer": c.answer,
+                "confidence": round(math.exp(c.mean_logprob), 3),
+                "score": None if value is None else round(value / total if total else value, 3),
+                "tokens": c.own_tokens,
+                "ended": c.finish_reason,
+                "left_out": None if any(c is p for p in pool) else c.flaw(clean_first),
+            }
+        )
+    return rows
 
 
 def select(
