@@ -182,7 +182,7 @@ def run(
 
 def _check_run_options(choice, html: Path | None, raw: bool, system: str | None) -> None:
     if choice.spec.whole_answers and html is not None:
-        raise ConfigError("--html records one token stream; --sampler deliberate does not support it yet")
+        raise ConfigError(f"--html records one token stream; --sampler {choice.asked} does not support it yet")
     if raw and system is not None:
         raise ConfigError("--system needs the chat template; drop --raw or --system")
     if html is not None and (html.is_dir() or not html.parent.is_dir()):

@@ -126,3 +126,20 @@ def test_the_progress_line_says_a_row_stopped_because_the_vote_was_decided(tiny_
     lines = console.export_text().splitlines()
     assert "(stopped" not in lines[0] and "stopped early: the vote was decided" in lines[1]
     assert "(stopped: length)" in lines[2]
+
+
+@pytest.mark.parametrize("name", ["deliberate_staged", "cot_decoding"])
+def test_eval_presets_answer_in_run_with_evals_own_settings(tiny_ref, name):
+    from entropix_mlx.front import registry
+    from entropix_mlx.sampling.deliberate_config import DeliberateConfig
+
+    code, out, err = invoke("run", "hi", "-m", tiny_ref, "--sampler", name, "--max-tokens", "3", "--json")
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])["summary"]
+    assert summary["deliberation"]["candidates"] and f"sampler {name}" not in err  # --json: no header
+    code, _, err = invoke("run", "hi", "-m", tiny_ref, "--sampler", name, "--max-tokens", "3")
+    assert code == 0 and f"sampler {name}" in err.splitlines()[0]
+    # One spec builds it for run, chat, serve and eval: the preset, or the defaults with the rule's fields.
+    spec = registry.SAMPLERS[name]
+    expected = spec.preset if spec.preset is not None else DeliberateConfig().replace(**spec.rule)
+    assert registry.build(name).config == expected and name in registry.SAMPLER_NAMES

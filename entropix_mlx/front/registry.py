@@ -34,7 +34,7 @@ class SamplerSpec:
     reads_card: bool = False  # its settings come from the model's card (and a config file)
     reasoning: bool = False  # it has a reasoning profile
     budget: bool = False  # it takes a token budget
-    everywhere: bool = True  # run, chat and serve name it (else eval only)
+    everywhere: bool = True  # run, chat and serve name it (else eval only: it answers only once all its samples are in)
     rule: dict | None = None  # a deliberate rule: the card's [deliberate] with these fields replaced
     preset: object = None  # a fixed preset its settings start from
 
@@ -115,9 +115,9 @@ SAMPLERS = {
         SamplerSpec("min_p", _baseline(MinPSampler), None, SAMPLING, ("sample", "argmax")),
         SamplerSpec("deliberate", **_DELIBERATE, budget=True),
         *(SamplerSpec(name, **_VOTE, preset=preset) for name, preset in VOTE_PRESETS.items()),
-        SamplerSpec("cot_decoding", **{**_DELIBERATE, "reads_card": False}, everywhere=False, preset=COT_DECODING),
+        SamplerSpec("cot_decoding", **{**_DELIBERATE, "reads_card": False}, preset=COT_DECODING),
         *(
-            SamplerSpec(name, **_DELIBERATE, everywhere=False, rule=rule)
+            SamplerSpec(name, **_DELIBERATE, rule=rule)
             for name, rule in {
                 "deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0),
                 "deliberate_narrow": dict(first_alternatives=1, **_FIRST_TOKEN_VOTE),
@@ -129,7 +129,7 @@ SAMPLERS = {
 }
 # What every other sampler is compared with, item by item (it runs once: it never samples).
 BASELINE = "greedy"
-# The names run, chat and serve take; eval takes every name.
+# The names run, chat and serve take (every eval preset that can answer one prompt); eval takes every name.
 SAMPLER_NAMES = tuple(n for n, s in SAMPLERS.items() if s.everywhere)
 EVAL_SAMPLER_NAMES = tuple(SAMPLERS)
 
