@@ -43,7 +43,7 @@ class Shelf:
         if key not in self.loaded:
             if len(key) > 2:
                 check_same_model(w, resolve(ref).path)
-            model, tokenizer, source = load(ref, return_source=True, weights=weights, cache=cache)
+            model, tokenizer, source = load(ref, return_source=True, weights=weights, cache=cache, kept=_say_kept)
             if len(key) > 2:
                 shard(model, w.group)
             warm_up_compiler()
@@ -56,6 +56,15 @@ class Shelf:
             )
             self.carded.add(key)
         return loaded
+
+
+def _say_kept(entry, nbytes: int) -> None:
+    """The load cache took disk space: say how much, where, and how to get it back."""
+    print(
+        f"kept this model's loaded form ({nbytes / 1e9:.2f} GB) in {entry.parent}, so later starts "
+        "take seconds; `entropix-mlx cache` lists and removes it (--no-cache: do without)",
+        file=sys.stderr,
+    )
 
 
 def quiet_unless_root(w) -> None:

@@ -102,6 +102,9 @@ def test_the_cache_command_lists_and_removes_and_run_can_skip_it(tmp_path, cache
     code, _, err = invoke("run", "hi", "-m", path, "--sampler", "greedy", "--max-tokens", "2", "--weights", "native")
     assert code == 0, err
     (entry,) = load_cache.entries()
+    # The space it took is announced once, with where it went and how to get it back.
+    (said,) = [line for line in err.splitlines() if line.startswith("kept this model's loaded form")]
+    assert str(load_cache.cache_root()) in said and "entropix-mlx cache" in said and " GB)" in said
     code, out, _ = invoke("cache")
     assert code == 0 and entry["name"] in out and "1 loaded model(s)" in out
     code, _, err = invoke("cache", "--remove", "nothing-like-it")

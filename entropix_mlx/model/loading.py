@@ -88,13 +88,14 @@ def resolve(ref: str | None) -> ModelSource:
     )
 
 
-def load(ref: str | None = None, return_source: bool = False, weights: str = "auto", cache: bool = True):
+def load(ref: str | None = None, return_source: bool = False, weights: str = "auto", cache: bool = True, kept=None):
     """Load `(model, tokenizer)`; with `return_source`, also the `ModelSource`.
 
     `weights`: "native" keeps the file's format, "float32" dequantizes once
     (the CPU fast path), "auto" chooses per device and size (accel/weights.py).
     `cache`: a GGUF file's loaded form is kept in the user's cache and read
-    from there on later loads (load_cache.py); False reads the file itself."""
+    from there on later loads (load_cache.py); False reads the file itself.
+    `kept(entry, nbytes)` hears of each entry written now (it takes disk space)."""
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
@@ -105,7 +106,7 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
             nbytes = 4 * sum(math.prod(t.shape) for t in read_header(source.path).tensors)
         fmt = choose_weights(weights, float32_nbytes=nbytes)
         if cache:  # in the chosen format already, as the cache keeps it
-            model, tokenizer = load_gguf_cached(source.path, fmt, entries[fmt], nbytes)
+            model, tokenizer = load_gguf_cached(source.path, fmt, entries[fmt], nbytes, kept)
             return (model, tokenizer, source) if return_source else (model, tokenizer)
         model, tokenizer = load_gguf(source.path, native=fmt == "native")
     else:
@@ -178,9 +179,10 @@ def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True
     return build_model(g.config, g.weights, model_class, args_class, g.rope_freqs), tokenizer
 
 
-def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int):
+def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int, kept=None):
     """`load_gguf` in format `fmt`, through the load cache: read from `entry`
-    when it holds this file, else loaded and kept there for next time."""
+    when it holds this file, else loaded and kept there for next time
+    (`kept(entry, bytes)` is told)."""
     loaded = load_cache.read_entry(entry, build_model)
     if loaded is not None:
         return loaded
@@ -189,7 +191,9 @@ def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int):
     model = build_model(g.config, g.weights, rope_freqs=g.rope_freqs)
     if fmt == "float32":
         to_float32(model)
-    load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs, float32_bytes)
+    written = not load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs, float32_bytes)
+    if written and kept is not None:
+        kept(entry, sum(f.stat().st_size for f in entry.iterdir()))
     return model, tokenizer
 
 
