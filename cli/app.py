@@ -4,6 +4,7 @@ The command modules import MLX, which binds its BLAS on that first import, so th
 imported only inside `main()`, after `enable()` has put the CPU fast path in place.
 """
 
+import difflib
 import inspect
 import os
 import sys
@@ -100,6 +101,16 @@ def reflowed(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
 
 
+def usage_message(e) -> str:
+    """Click's message on one line; for an unknown option, a suggestion only when one
+    is close (Click offers its nearest match however far it is: --bogus, --verbose?)."""
+    name, offered = getattr(e, "option_name", None), getattr(e, "possibilities", None)
+    if name is None or offered is None:
+        return " ".join(e.format_message().split())
+    close = difflib.get_close_matches(name, offered, n=1, cutoff=0.75)
+    return f"no such option: {name}" + (f"; did you mean {close[0]}?" if close else "")
+
+
 def fail(message: str, code: int = 2):
     """One line on stderr, no traceback."""
     print(f"error: {message}", file=sys.stderr)
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None, shelf=None):
             print(e.format_message())
             raise SystemExit(e.exit_code) from None
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-        fail(" ".join(e.format_message().split()) + hint, e.exit_code)
+        fail(usage_message(e) + hint, e.exit_code)
     except ClickException as e:
         fail(" ".join(e.format_message().split()), e.exit_code)
     except (typer.Abort, KeyboardInterrupt) as e:  # Ctrl-C, Ctrl-D or SIGTERM outside a generation

@@ -619,3 +619,10 @@ def test_help_keeps_the_square_brackets_its_options_name():
                 assert tag in out, (name, param.name, tag)
                 checked += 1
     assert checked >= 1
+
+
+def test_an_unknown_option_gets_a_suggestion_only_when_one_is_close():
+    code, _, err = invoke("chat", "--bogus")
+    assert code == 2 and one_error_line(err).startswith("error: no such option: --bogus (see") and "mean" not in err
+    code, _, err = invoke("run", "--temprature", "0.5", "hi")
+    assert code == 2 and "did you mean --temperature?" in one_error_line(err)
