@@ -1,6 +1,7 @@
 """entropix-mlx: entropy-aware sampling on MLX for Llama, Mistral, Qwen, Phi-3 and Gemma 3 models.
 
-`load`, `make_sampler`, `stream_generate` and `generate` (api.py) have mlx-lm's shape.
+`load`, `make_sampler`, `stream_generate` and `generate` (api.py) have mlx-lm's shape;
+`load_model` gives the front door itself (`front.LoadedModel`).
 Importing the package loads no native library and does not import MLX: they are imported
 on first use, so a program can turn on the CPU fast path first, before mlx binds its BLAS
 (`entropix_mlx.accel.enable()`, see accel/__init__.py).
@@ -8,7 +9,7 @@ on first use, so a program can turn on the CPU fast path first, before mlx binds
 
 from .errors import ConfigError, ContextOverflowError, EntropixError, ModelLoadError, UnsupportedModelError
 
-API = ("load", "make_sampler", "stream_generate", "generate", "mlx_lm_sampler")
+API = ("load", "load_model", "make_sampler", "stream_generate", "generate", "mlx_lm_sampler")
 
 
 def __getattr__(name: str):
