@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import TINY_CONFIG  # noqa: E402
 from gguf_writer import write_gguf  # noqa: E402
 
 # Timing, addresses and ids: everything that differs between two runs of the same outputs.
@@ -45,18 +46,8 @@ SAMPLERS = [
 
 
 def tiny_gguf(path: Path) -> str:
-    config = dict(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=260,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-    )
+    # The tests' tiny Llama, with a vocabulary the GGUF writer's tokenizer fills and its own output layer.
+    config = {**TINY_CONFIG, "vocab_size": 260, "max_position_embeddings": 256, "tie_word_embeddings": False}
     rng = np.random.default_rng(7)
     h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     kv = h // config["num_attention_heads"] * config["num_key_value_heads"]
