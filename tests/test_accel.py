@@ -118,6 +118,7 @@ def test_the_run_header_says_when_the_fast_path_was_refused(tiny_ref, monkeypatc
     assert "OpenBLAS not loaded: mlx.core was imported before enable()" in header
 
 
+@pytest.mark.slow
 def test_doctor_says_which_path_runs_and_why(tmp_path):
     code = "from entropix_mlx.cli.app import main; main(['doctor'])"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENTROPIX_")}

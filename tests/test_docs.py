@@ -5,6 +5,7 @@ is in docs/cli.md, the README lists every doc, and a preset written out as a
 import re
 from pathlib import Path
 
+import pytest
 import typer
 from entropix_mlx.cli.app import app, register_commands
 
@@ -31,6 +32,7 @@ def test_the_readme_lists_every_doc():
     assert not unlisted, f"README.md does not list {', '.join(unlisted)}"
 
 
+@pytest.mark.slow
 def test_help_wraps_to_the_terminal_and_names_arguments_plainly():
     import os
     import subprocess

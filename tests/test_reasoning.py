@@ -68,6 +68,7 @@ def test_run_reasoning_is_refused_for_another_sampler():
     assert code == 2 and "--reasoning sets the entropix sampler" in one_error_line(err)
 
 
+@pytest.mark.slow
 def test_the_api_takes_reasoning(monkeypatch):
     import entropix_mlx
 
