@@ -171,3 +171,21 @@ def test_a_base_model_without_a_chat_template_gets_its_card_and_plain_prompts(tm
     assert tokenizer.decode(ids) == "hi <|im_end|>\n\nx\n" and 2 not in ids  # text, never a control token
     status = usercard.ensure_card(make_tiny_model(), tokenizer, source_for(tmp_path, b"a base model"))
     assert status.kind == "measured" and status.path.is_file()
+
+
+def test_a_loaded_model_reads_its_card_once_however_many_samplers_it_builds(tiny, tmp_path, cards_dir, monkeypatch):
+    from entropix_mlx.front import LoadedModel, ModelCard
+    from entropix_mlx.sampling import settings
+
+    model, tokenizer = tiny
+    source = ModelSource(str(tmp_path / "m.gguf"), tmp_path / "m.gguf", "gguf", "tiny")
+    (tmp_path / "m.gguf").write_bytes(b"a model")
+    status = usercard.ensure_card(model, tokenizer, source)
+    loaded = LoadedModel(model, tokenizer, source, ModelCard("tiny", status.path, status.kind, tokenizer))
+    reads = []
+    real = settings.read_toml
+    monkeypatch.setattr(settings, "read_toml", lambda path: reads.append(path) or real(path))
+    samplers = [loaded.sampler(name) for name in ("entropix", "deliberate", "entropix", "deliberate_staged")]
+    assert len({s.config_source.split(" + ")[0] for s in samplers[:2]}) == 2  # each from its own table
+    assert all(status.path.name in s.config_source for s in samplers)
+    assert reads == []  # read once, when the card was bound

@@ -8,15 +8,18 @@ sampling parameters it takes, with notes on what changed) once per request;
 answer to the context and makes the penalties."""
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..decode.generate import generate
 from ..decode.prompt import encode_chat, encode_raw
 from ..errors import ConfigError, ContextOverflowError
 from ..model.loading import ModelSource
+from ..sampling.cards import CardDocument
 from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
+from ..sampling.settings import read_toml
 from .registry import SAMPLER_NAMES, SamplerSpec, build, spec_of
 
 
@@ -29,10 +32,13 @@ class ModelCard:
     kind: str  # "shipped", "user" (measured on an earlier first use), "measured" (now), "none"
     tokenizer: object = field(repr=False, default=None)  # the thinking text is in the model's tokens
 
-    @property
+    @cached_property
     def ref(self):
-        """What the settings resolvers read: the card file, else the name (its shipped card, if any)."""
-        return self.path if self.path is not None else self.name
+        """What the settings resolvers read: the card file, read once, else the name
+        (its shipped card, if any)."""
+        if self.path is None or not Path(self.path).is_file():
+            return self.name
+        return CardDocument(Path(self.path), read_toml(self.path))
 
 
 @dataclass(frozen=True)

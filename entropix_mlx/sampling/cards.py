@@ -8,6 +8,7 @@ import hashlib
 import importlib.resources
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..files import private_folder, user_cache_dir
@@ -28,11 +29,23 @@ def shipped_card(model_name: str) -> Path:
     return cards_dir() / f"{model_name}.toml"
 
 
-def card_file(card: str | Path | None) -> Path | None:
-    """The card file that settings are read from: `card` itself (a path: the card
-    `load` bound to a model), a model name's shipped card, or None (no such file)."""
+@dataclass(frozen=True)
+class CardDocument:
+    """A card file read once (the card a loaded model holds): settings resolved from
+    it do not read the file again, however many requests build a sampler."""
+
+    path: Path
+    data: dict
+
+
+def card_file(card) -> Path | None:
+    """The card file that settings are read from: `card` itself (a path, or a
+    CardDocument: the card `load` bound to a model), a model name's shipped card,
+    or None (no such file)."""
     if not card:
         return None
+    if isinstance(card, CardDocument):
+        return card.path
     path = Path(card) if isinstance(card, Path) else shipped_card(card)
     return path if path.is_file() else None
 

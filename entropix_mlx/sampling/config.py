@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .cards import card_file
+from .cards import CardDocument, card_file
 from .parameters import PARAMETERS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, read_toml, rule, validate
 
@@ -245,7 +245,8 @@ def reasoning_profile(card=None, config=None) -> tuple[dict, str]:
     files += [card_file(card)] if card_file(card) else []
     for path in files:
         if path.is_file():
-            table = read_toml(path).get("reasoning")
+            held = isinstance(card, CardDocument) and path == card.path
+            table = (card.data if held else read_toml(path)).get("reasoning")
             if table is not None:
                 if not isinstance(table, dict):
                     raise ConfigError(f"config file {path}: [reasoning] must be a table")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from ..errors import ConfigError
-from .cards import card_file, cards_dir
+from .cards import CardDocument, card_file, cards_dir
 
 Rule = Callable[[object], str | None]  # a value -> what is wrong with it, or None
 Check = Callable[[object], tuple[str, str] | None]  # settings -> (field, what is wrong), or None
@@ -164,7 +164,7 @@ def card_table(cls: type[Settings], card) -> tuple[Settings, str] | None:
     path = card_file(card)
     if path is None:
         return None
-    data = read_toml(path)
+    data = card.data if isinstance(card, CardDocument) else read_toml(path)
     if cls.kind not in data:
         return None
     return cls.from_document(data, path), card_label(path, data)
