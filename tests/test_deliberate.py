@@ -14,7 +14,7 @@ from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling.branching import BranchSampler
-from entropix_mlx.sampling.deliberate_config import DeliberateConfig, load_config, resolve_deliberate
+from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
 from entropix_mlx.sampling.recorder import recording
 from entropix_mlx.sampling.samplers import GreedySampler, Step
 from entropix_mlx.sampling.selection import (
@@ -278,11 +278,11 @@ def test_invalid_settings_are_one_line_errors(changes, message):
 def test_config_from_a_table_the_card_and_overrides(tmp_path):
     path = tmp_path / "d.toml"
     path.write_text('[sampler]\nlow_entropy = 1.0\n[deliberate]\nbudget = 3\nselector = "vote"\n')
-    cfg = load_config(path)
+    cfg = DeliberateConfig.from_toml(path)
     assert cfg.budget == 3.0 and cfg.selector == "vote" and cfg.max_candidates == 3
     path.write_text("[deliberate]\nbudgett = 3\n")
     with pytest.raises(ConfigError, match="unknown deliberate setting 'budgett'"):
-        load_config(path)
+        DeliberateConfig.from_toml(path)
     cfg, source = resolve_deliberate("smollm2-135m", None, budget=2.0)
     assert cfg.budget == 2.0 and "smollm2-135m.toml" in source and "budget=2.0" in source
 

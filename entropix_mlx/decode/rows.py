@@ -35,6 +35,7 @@ class RowResult:
     row: int = 0  # this row's number within the call
     parent: int | None = None  # spawned rows: the row they branched from
     split: int | None = None  # spawned rows: index of their first own token
+    extra: dict = field(default_factory=dict)  # a whole-answer decoder's fields for eval's record (its candidates)
 
 
 class RowCache(Sequence):

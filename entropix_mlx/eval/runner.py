@@ -127,7 +127,7 @@ def run_eval(
             "prompt_tokens": result.prompt_tokens,  # more than the prompt where it ran again (deliberate's stages)
             "logprobs": [None if lp is None else round(lp, 4) for lp in result.logprobs],
             "top": [[[t, round(lp, 3)] for t, lp in top] for top in result.tops],
-            **getattr(result, "extra", {}),
+            **result.extra,
         }
 
     if config.sealed is not None:  # refused before anything runs

@@ -166,10 +166,6 @@ def read_header(path: Path) -> GGUFHeader:
     return header
 
 
-def check_gguf(path: Path) -> GGUFHeader:
-    return read_header(path)
-
-
 def _type_name(ttype: int) -> str:
     try:
         return GGMLQuantizationType(ttype).name

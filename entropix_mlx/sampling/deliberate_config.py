@@ -126,11 +126,6 @@ COT_DECODING = DeliberateConfig(
 )
 
 
-def load_config(path, base: DeliberateConfig | None = None) -> DeliberateConfig:
-    """Fields from a TOML file's `[deliberate]` table (or its top level) over `base`."""
-    return DeliberateConfig.from_toml(path, base)
-
-
 def resolve_deliberate(card=None, config=None, **overrides) -> tuple[DeliberateConfig, str]:
     """The config and where it came from: the [deliberate] table of `card` (a card
     file, or a model name: its shipped card), if any, under `config` (a .toml path
