@@ -90,7 +90,7 @@ def warm_up_compiler():
 def compute_path(model) -> str:
     """How the model runs, in a newcomer's words (`--verbose` adds `describe`'s
     technical line: device, weight format, BLAS)."""
-    if mx.default_device() != mx.cpu:
+    if not model.backend.cpu_kernels:
         return "GPU"
     fmt = weights_format(model)
     if fmt.startswith("native"):

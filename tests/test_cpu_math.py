@@ -7,7 +7,11 @@ import pytest
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 from entropix_mlx.accel import cpu_math
-from entropix_mlx.accel.cpu_math import logsumexp, rope, softmax, swiglu
+from entropix_mlx.accel.backend import Backend
+from entropix_mlx.accel.cpu_math import logsumexp
+
+CPU = Backend(cpu_kernels=True)
+swiglu, softmax, rope = CPU.swiglu, CPU.softmax, CPU.rope
 
 # These are the CPU's own kernels: they run only on the CPU device (elsewhere MLX's run).
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -85,6 +89,7 @@ def test_cpu_rope_equals_mlxs_bit_for_bit(traditional):
     ):
         x = mx.array(rng.normal(size=(batch, 12, length, 64)).astype(np.float32))
         expected = module(x, offset=offset)  # mx.fast.rope
+        assert CPU.rope_tables(module, x.shape, offset) is not None  # the CPU's own rotation runs
         got = rope(module, x, offset)
         assert mx.array_equal(got, expected).item(), (batch, length, offset)
         if length > 1:  # (position 0 is no rotation at all)
@@ -92,4 +97,5 @@ def test_cpu_rope_equals_mlxs_bit_for_bit(traditional):
     # a rotation of part of each head, or scaled positions: MLX's own kernel
     partial = nn.RoPE(32, base=10000.0)
     x = mx.array(rng.normal(size=(1, 2, 4, 64)).astype(np.float32))
+    assert CPU.rope_tables(partial, x.shape, 5) is None
     assert mx.array_equal(rope(partial, x, 5), partial(x, offset=5)).item()

@@ -14,7 +14,7 @@ from entropix_mlx.decode.generate import generate
 from entropix_mlx.front.registry import build
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.sampling.config import SamplerConfig
-from entropix_mlx.sampling.entropix import EntropixSampler, decide
+from entropix_mlx.sampling.entropix import EntropixSampler
 from entropix_mlx.sampling.metrics import step_metrics
 from entropix_mlx.sampling.repetition import path_repeats, repeat_counts
 from entropix_mlx.sampling.rollout import best_path
@@ -192,16 +192,6 @@ def test_a_clear_top_1_margin_takes_argmax_whatever_the_entropy(tiny_tokenizer):
     # (6 bits of penalty), it is only 2.66 bits ahead and the rule does not fire.
     history = [9, 8, 0] * 3 + [9, 8]
     assert on.choose(step(WINNER, tokens=history), mx.random.key(0)).strategy != "argmax"
-
-
-def test_decide_with_a_margin():
-    c = SamplerConfig(argmax_margin=3.0)
-    assert decide(4.0, 6.0, c, margin=3.0) == "argmax"
-    assert decide(4.0, 6.0, c, margin=2.9) == "branch"
-    assert decide(4.0, 6.0, SamplerConfig(), margin=50.0) == "branch"  # off by default
-
-
-# -- branch by confidence (the answer-critical choice looks ahead) --------------------------------
 
 
 def margins_along(model, prompt, path):

@@ -2,19 +2,24 @@
 (MLX's fused attention, rope, softmax and SwiGLU, as a Mac's GPU runs them), the
 model gives the same greedy tokens and the same metrics as the CPU paths."""
 
-import mlx.core as mx
 import pytest
 from conftest import make_tiny_model
 
-from entropix_mlx.accel import cpu_math
+from entropix_mlx.accel.backend import Backend
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.sampling.config import SamplerConfig
 from entropix_mlx.sampling.entropix import EntropixSampler
 from entropix_mlx.sampling.samplers import GreedySampler
 
 
-def run(model, tokenizer, prompt, sampler):
-    return [(e.token, e.strategy, e.metrics) for e in generate(model, tokenizer, prompt, sampler, max_tokens=16)]
+def run(model, tokenizer, prompt, sampler, cpu_kernels: bool):
+    """16 tokens on the CPU's kernels or on the paths a GPU takes; the model's
+    own backend back after."""
+    own, model.backend = model.backend, Backend(cpu_kernels=cpu_kernels)
+    try:
+        return [(e.token, e.strategy, e.metrics) for e in generate(model, tokenizer, prompt, sampler, max_tokens=16)]
+    finally:
+        model.backend = own
 
 
 @pytest.mark.parametrize("family", [dict(), dict(tie_word_embeddings=False, num_key_value_heads=4)])
@@ -23,10 +28,8 @@ def test_the_gpu_paths_give_the_cpu_paths_tokens_and_metrics(tiny_tokenizer, fam
     prompt = list(tiny_tokenizer.encode("a question about the weather"))
     seen = []
     for make in (GreedySampler, lambda: EntropixSampler(SamplerConfig(), tiny_tokenizer)):
-        cpu = run(model, tiny_tokenizer, prompt, make())
-        with cpu_math.gpu_paths():
-            assert not cpu_math.on_cpu(mx.zeros(2))
-            gpu = run(model, tiny_tokenizer, prompt, make())
+        cpu = run(model, tiny_tokenizer, prompt, make(), cpu_kernels=True)
+        gpu = run(model, tiny_tokenizer, prompt, make(), cpu_kernels=False)
         assert [t for t, _, _ in gpu] == [t for t, _, _ in cpu]
         assert [s for _, s, _ in gpu] == [s for _, s, _ in cpu]
         for (_, _, a), (_, _, b) in zip(cpu, gpu, strict=True):
@@ -34,7 +37,7 @@ def test_the_gpu_paths_give_the_cpu_paths_tokens_and_metrics(tiny_tokenizer, fam
             for name in a:
                 assert b[name] == pytest.approx(a[name], rel=1e-3, abs=1e-4), name
         seen.append(len(cpu))
-    assert cpu_math.on_cpu(mx.zeros(2)) and all(n == 16 for n in seen)
+    assert all(n == 16 for n in seen)
 
 
 def test_the_bundled_model_on_the_gpu_paths(smollm_float32, on_cpu):
@@ -43,9 +46,8 @@ def test_the_bundled_model_on_the_gpu_paths(smollm_float32, on_cpu):
     from entropix_mlx.front.registry import build
 
     prompt = encode_chat(tokenizer, [{"role": "user", "content": "How many legs does a spider have?"}])
-    cpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"))
-    with cpu_math.gpu_paths():
-        gpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"))
+    cpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"), True)
+    gpu = run(model, tokenizer, prompt, build("entropix", tokenizer=tokenizer, card="smollm2-135m"), False)
     assert [t for t, _, _ in gpu] == [t for t, _, _ in cpu]
     for (_, _, a), (_, _, b) in zip(cpu, gpu, strict=True):
         assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-3, abs=1e-3)

@@ -349,3 +349,37 @@ def test_walker_finds_private_imports(tmp_path):
     assert modules["pkg.b"].private == ["line 1: from pkg.a import _hidden"]  # dunders and other packages pass
     assert modules["pkg.c"].private == ["line 3: pkg.a._hidden"]
     assert modules["pkg.a"].private == []
+
+
+def test_model_code_asks_its_backend_and_tests_no_device():
+    pattern = re.compile(r"mx\.cpu\b|default_device|cpu_math|cpu_kernels|on_cpu")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "entropix_mlx" / "model").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_library_keeps_no_state_in_module_level_lists_or_dicts():
+    # A module-level name bound to an empty list or dict (or one kept in a
+    # one-element list) is state some call fills in for the whole process.
+    found = []
+    for path in sorted((ROOT / "entropix_mlx").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            empty = isinstance(value, (ast.List, ast.Dict)) and not (
+                value.elts if isinstance(value, ast.List) else value.keys
+            )
+            boxed = isinstance(value, ast.List) and len(value.elts) == 1 and isinstance(value.elts[0], ast.Constant)
+            if empty or boxed:
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}" for t in targets]
+    assert not found, "\n".join(found)

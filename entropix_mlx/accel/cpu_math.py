@@ -17,12 +17,10 @@ once per pass (every layer rotates the same positions), and the rotation, one
 fused kernel on contiguous arrays.
 """
 
-import contextlib
 import functools
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 _LOG2E = 1.4426950408889634
 
@@ -54,12 +52,14 @@ def exp(x: mx.array) -> mx.array:
 
 
 @mx.compile
-def _swiglu(gate: mx.array, up: mx.array) -> mx.array:
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up, for float32 arrays."""
     return gate / (1.0 + exp(-gate)) * up
 
 
 @mx.compile
-def _softmax(x: mx.array) -> mx.array:
+def softmax(x: mx.array) -> mx.array:
+    """Softmax over the last axis of a float32 array (-inf entries get exactly 0)."""
     e = exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -89,7 +89,7 @@ def _rope_tables(
 
 
 @mx.compile
-def _rotate(x: mx.array, cos2: mx.array, sin2: mx.array, traditional: bool) -> mx.array:
+def rotate(x: mx.array, cos2: mx.array, sin2: mx.array, traditional: bool) -> mx.array:
     if traditional:
         swapped = x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)
     else:
@@ -100,29 +100,14 @@ def _rotate(x: mx.array, cos2: mx.array, sin2: mx.array, traditional: bool) -> m
     return x * cos2 + swapped * sin2
 
 
-def rope_tables(module, shape: tuple, offset):
-    """cos and sin for `rope(module, x, offset)` on an x of `shape` (B, heads, L,
-    dims), made once and reused by every layer of a pass (their positions are the
-    same): the angles and their sines were most of a RoPE call's kernels on the
-    CPU. None where MLX's own kernel runs (see `rope`)."""
-    if not (
-        mx.default_device() == mx.cpu and type(module) is nn.RoPE and module.dims == shape[-1] and module.scale == 1.0
-    ):
-        return None
+def rope_tables(module: nn.RoPE, shape: tuple, offset) -> tuple[mx.array, mx.array]:
+    """cos and sin for `rotate` on an x of `shape` (B, heads, L, dims) by a plain
+    `nn.RoPE` module (unscaled, over all of each head), made once and reused by
+    every layer of a pass (their positions are the same): the angles and their
+    sines were most of a RoPE call's kernels on the CPU."""
     inv_freq = _inverse_frequencies(module.dims, module.base)
     offset = offset.astype(mx.int32) if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
     return _rope_tables(offset, inv_freq, mx.arange(shape[2]), mx.ones((1, shape[1], 1, 1)), module.traditional)
-
-
-def rope(module, x: mx.array, offset, tables=None) -> mx.array:
-    """`module(x, offset=offset)` for x (B, heads, L, dims) and an `nn.RoPE`
-    module; offset an int or one per row (B,). `tables`: this module's
-    `rope_tables` for x's shape and offset, made once for several calls."""
-    if on_cpu(x) and tables is None:
-        tables = rope_tables(module, x.shape, offset)
-    if not on_cpu(x) or tables is None:
-        return module(x, offset=offset)
-    return _rotate(x, *tables, module.traditional)
 
 
 @functools.cache
@@ -132,35 +117,7 @@ def _inverse_frequencies(dims: int, base: float) -> mx.array:
     return mx.exp(-mx.arange(dims // 2, dtype=mx.float32) * (2.0 / dims) * log_base)
 
 
-_CPU_PATHS = [True]  # off: MLX's own ops everywhere, as a GPU (a Mac's Metal) runs them
-
-
-def on_cpu(x: mx.array) -> bool:
-    """Whether the CPU's own kernels (and the model's CPU-only paths) take `x`."""
-    return _CPU_PATHS[0] and x.dtype == mx.float32 and mx.default_device() == mx.cpu
-
-
-@contextlib.contextmanager
-def gpu_paths():
-    """Run the code paths a GPU runs (MLX's fused attention, rope and activations)
-    on this device: the tests check here that they give the CPU paths' tokens."""
-    saved, _CPU_PATHS[0] = _CPU_PATHS[0], False
-    try:
-        yield
-    finally:
-        _CPU_PATHS[0] = saved
-
-
-def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    """silu(gate) * up."""
-    return _swiglu(gate, up) if on_cpu(gate) else mlx_lm_swiglu(gate, up)
-
-
 def logsumexp(x: mx.array) -> mx.array:
-    """log(sum(e^x)) over the last axis."""
-    return _logsumexp(x) if on_cpu(x) else mx.logsumexp(x, axis=-1)
-
-
-def softmax(x: mx.array) -> mx.array:
-    """Softmax over the last axis (-inf entries get exactly 0)."""
-    return _softmax(x) if on_cpu(x) else mx.softmax(x, axis=-1, precise=True)
+    """log(sum(e^x)) over the last axis: this exp for float32 arrays on the CPU
+    backend, MLX's own elsewhere."""
+    return _logsumexp(x) if x.dtype == mx.float32 and mx.default_device() == mx.cpu else mx.logsumexp(x, axis=-1)

@@ -42,7 +42,6 @@ thread) overlap the others' forward passes.
 """
 
 import itertools
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -50,7 +49,6 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..accel.weights import gemm_uses_all_cores
 from ..errors import ConfigError, ContextOverflowError
 from ..model.cache import (
     evaluate,
@@ -68,20 +66,6 @@ class _Waiting:
     sampler: Sampler | None  # None: one of the batch's pooled samplers
     prefix_cache: list | None  # what the prompt starts from, already run (read, never written)
     prefix_len: int
-
-
-_STREAMS: list = []
-
-
-def _streams(n: int) -> list:
-    """n streams for the groups' forward passes. With several groups none is the
-    default stream: the samplers' small ops run there and must not queue behind
-    a group's forward pass. Streams are reused across engines (each holds a thread)."""
-    if n == 1:
-        return [mx.default_stream(mx.default_device())]
-    while len(_STREAMS) < n:
-        _STREAMS.append(mx.new_stream(mx.default_device()))
-    return _STREAMS[:n]
 
 
 class BatchEngine:
@@ -121,10 +105,10 @@ class BatchEngine:
         self.prefix_cache, self.share_prefix = prefix_cache, share_prefix
         self.joins_per_step, self.on_finish = joins_per_step, on_finish
         self.batch_size = batch_size
-        n = min(groups or default_groups(batch_size, model), batch_size)
+        n = min(groups or model.backend.groups(batch_size, model), batch_size)
         sizes = [batch_size // n + (g < batch_size % n) for g in range(n)]
         self.numbers = itertools.count()  # row numbers, shared by all groups
-        self.groups = [Group(self, size, stream) for size, stream in zip(sizes, _streams(n), strict=True)]
+        self.groups = [Group(self, size, stream) for size, stream in zip(sizes, model.backend.streams(n), strict=True)]
         self.waiting: deque[_Waiting] = deque()
         self.stopped: set[int] = set()  # requests whose running rows were stopped (`stop`)
 
@@ -205,22 +189,6 @@ class BatchEngine:
         return len(self.waiting) + sum(group.taken for group in self.groups) < self.batch_size
 
 
-def default_groups(batch_size: int, model=None) -> int:
-    """One group per CPU core on the CPU backend, whose kernels are single-threaded;
-    one on a GPU, whose kernels already use the whole device, and one for float32
-    weights with OpenBLAS: its GEMM already spreads over the cores, and one GEMM
-    over all rows costs little more than over one."""
-    if mx.default_device() != mx.cpu:
-        return 1
-    if model is not None and model.head_group is not None:
-        # A model split across ranks exchanges data in each forward pass: the
-        # ranks must make their exchanges in one order, so one group, one stream.
-        return 1
-    if model is not None and gemm_uses_all_cores(model):
-        return 1
-    return max(1, min(batch_size, os.cpu_count() or 1))
-
-
 def generate_batch(
     model,
     tokenizer,
@@ -241,7 +209,7 @@ def generate_batch(
 
     `prefix`: tokens every prompt starts with (e.g. the chat template's system
     turn), run through the model once and shared by all rows. `groups`: how many
-    parallel streams the batch is split into (default: `default_groups`). One
+    parallel streams the batch is split into (default: `Backend.groups`). One
     sampler per batch slot, reset for each new request.
 
     `share_prefix`: the batch stores the prefix once, not per row (for rows

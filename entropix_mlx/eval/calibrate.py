@@ -25,7 +25,7 @@ from ..sampling.cards import shipped_card
 from ..sampling.config import SamplerConfig
 from ..sampling.metrics import METRIC_NAMES
 from ..sampling.settings import read_toml
-from ..sampling.strategies import max_entropy
+from ..sampling.strategies import COMPARE, max_entropy, threshold_condition
 from .measure import collect
 
 # Varied on purpose: facts, arithmetic, reasoning, code, lists, creative
@@ -152,8 +152,11 @@ def thresholds(samples: dict[str, np.ndarray], quantiles=QUANTILES) -> dict[str,
     t["medium_entropy"] = max(t["medium_entropy"], t["low_entropy"])
     t["high_entropy"] = max(t["high_entropy"], t["medium_entropy"])
     t["high_varentropy"] = max(t["high_varentropy"], t["low_varentropy"])
-    uncertain = samples["varentropy"][samples["entropy"] > t["medium_entropy"]]
+    where = np.ones(len(samples["varentropy"]), dtype=bool)
+    for m, op, field in threshold_condition("think_varentropy"):  # think's state: entropy > medium_entropy
+        where &= COMPARE[op](samples[m], t[field])
     metric, q = quantiles["think_varentropy"]
+    uncertain = samples[metric][where]
     t["think_varentropy"] = float(np.quantile(uncertain, q)) if len(uncertain) else t["low_varentropy"]
     return {k: round(v, 4) for k, v in t.items()}
 

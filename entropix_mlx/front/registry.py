@@ -17,7 +17,7 @@ from ..sampling.deliberate_config import COT_DECODING, DeliberateConfig, resolve
 from ..sampling.entropix import EntropixSampler
 from ..sampling.parameters import PARAMETERS
 from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
-from ..sampling.strategies import unreachable
+from ..sampling.strategies import ENTROPIX_NAMES, FALLBACK, unreachable
 from ..sampling.voting import PRESETS as VOTE_PRESETS
 from ..sampling.voting import VoteConfig
 
@@ -106,7 +106,7 @@ SAMPLERS = {
             _entropix,
             SamplerConfig,
             SAMPLING,
-            ("argmax", "think", "branch", "resample", "adaptive"),
+            ENTROPIX_NAMES,
             reads_card=True,
             reasoning=True,
         ),
@@ -169,7 +169,7 @@ def legend(name: str, config=None, vocabulary: int | None = None) -> list[str]:
     enabled = getattr(config, "strategies", None)
     if isinstance(config, SamplerConfig) and enabled:
         never = unreachable(config, vocabulary)
-        return [s for s in spec.strategies if (s in enabled and s not in never) or s == "adaptive"]
+        return [s for s in spec.strategies if (s in enabled and s not in never) or s == FALLBACK]
     return list(spec.strategies)
 
 

@@ -13,13 +13,8 @@ keys) per layer, one small matmul instead of the full attention matrix. Keys
 the query does not see (padding, or outside a sliding window) are -inf there.
 """
 
-import functools
-
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import scaled_dot_product_attention
-
-from ..accel.cpu_math import on_cpu, rope, softmax
 
 
 class Attention(nn.Module):
@@ -52,7 +47,7 @@ class Attention(nn.Module):
             self.k_norm = qk_norm(head_dim)
         self.rope = rope
 
-    def __call__(self, h, segments, masks: list[dict], layer: int, rotations: list[dict]):
+    def __call__(self, h, segments, masks: list[dict], layer: int, rotations: list[dict], backend):
         """h: (tokens, hidden), every segment's tokens in order; `masks` and
         `rotations`: per segment, by window and by `rope_key`. Returns the
         output projection and each segment's last-query scores."""
@@ -64,6 +59,7 @@ class Attention(nn.Module):
             rows = slice(start, start + n) if len(segments) > 1 else slice(None)
             cache = seg.cache[layer] if seg.cache is not None else None
             o, s = self.attend(
+                backend,
                 queries[rows],
                 keys[rows],
                 values[rows],
@@ -78,7 +74,7 @@ class Attention(nn.Module):
             start += n
         return self.o_proj(outputs[0] if len(outputs) == 1 else mx.concatenate(outputs)), scores
 
-    def attend(self, queries, keys, values, shape, cache=None, mask=None, key_mask=None, rotation=None):
+    def attend(self, backend, queries, keys, values, shape, cache=None, mask=None, key_mask=None, rotation=None):
         """Attention of one segment, from its rows of the q/k/v projections.
         `rotation`: this segment's `rope_tables` (the same for every layer of a pass).
         Returns (output (B*L, heads*dim), last query's scores (B, heads, keys))."""
@@ -92,38 +88,14 @@ class Attention(nn.Module):
         # One RoPE call for queries and keys: it rotates each head by its position
         # alone, and on the CPU each call has a fixed cost whatever its size.
         offset = cache.offset if cache is not None else 0
-        both = rope(self.rope, mx.concatenate([queries, keys], axis=1), offset, rotation)
+        both = backend.rope(self.rope, mx.concatenate([queries, keys], axis=1), offset, rotation)
         queries, keys = both[:, : self.n_heads], both[:, self.n_heads :]
         if cache is not None:
             # Returns the keys written so far, never the preallocated empty slots.
             keys, values = cache.update_and_fetch(keys, values)
-
-        # Scores of the last query over every key. The last row of a causal mask
-        # hides nothing, so only padding (batched decoding) and a window need masking.
-        n_rep = self.n_heads // self.n_kv_heads
-        if on_cpu(queries) and (mask == "causal" if isinstance(mask, str) else L == 1):
-            # On the CPU the fused kernel is ops too: computed here, its attention
-            # logits give the last query's scores for free, and a prompt's pass makes
-            # ~10 fewer ops a layer (each a fixed cost on MLX's one CPU thread).
-            q = (queries * self.scale).reshape(B, self.n_kv_heads, n_rep * L, -1)
-            logits = q @ keys.swapaxes(-1, -2)  # (B, kv heads, n_rep * L, keys)
-            if L == 1:
-                scores = logits.reshape(B, self.n_heads, -1)
-                if mask is not None:
-                    logits = mx.where(mask, logits, -mx.inf) if mask.dtype == mx.bool_ else logits + mask
-                output = (softmax(logits) @ values).reshape(B, -1)
-            else:
-                logits = logits.reshape(B, self.n_kv_heads, n_rep, L, -1)
-                scores = logits[:, :, :, -1].reshape(B, self.n_heads, -1)
-                probs = softmax(logits + _causal_bias(L, keys.shape[2]))
-                output = probs.reshape(B, self.n_kv_heads, n_rep * L, -1) @ values
-                output = output.reshape(B, self.n_heads, L, -1).transpose(0, 2, 1, 3).reshape(B * L, -1)
-        else:
-            q_last = queries[:, :, -1, :].reshape(B, self.n_kv_heads, n_rep, -1)
-            last = (q_last * self.scale) @ keys.swapaxes(-1, -2)  # (B, kv heads, n_rep, keys)
-            scores = last.reshape(B, self.n_heads, -1)
-            output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
-            output = output.transpose(0, 2, 1, 3).reshape(B * L, -1)
+        # The last row of a causal mask hides nothing: only padding (batched
+        # decoding) and a window need masking in the last query's scores.
+        output, scores = backend.attention(queries, keys, values, self.scale, mask, cache)
         scores = scores.astype(mx.float32)
         if self.window is not None and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
             # The keys the last query's window leaves out (and padding) as -inf.
@@ -135,17 +107,7 @@ class Attention(nn.Module):
 
 def rope_key(module) -> tuple | int:
     """Equal for RoPE modules that rotate alike, so a pass makes their CPU
-    tables once (`cpu_math.rope_tables` makes them for plain `nn.RoPE` only)."""
+    tables once (`Backend.rope_tables` makes them for plain `nn.RoPE` only)."""
     if type(module) is nn.RoPE:
         return (module.dims, module.base, module.scale, module.traditional)
     return id(module)
-
-
-@functools.lru_cache(maxsize=8)
-def _causal_bias(queries: int, keys: int) -> mx.array:
-    """(queries, keys): 0 where the query (the last `queries` of `keys` positions)
-    sees the key, -inf after it. Made once for a pass's 30 layers."""
-    visible = mx.arange(keys)[None] <= mx.arange(keys - queries, keys)[:, None]
-    bias = mx.where(visible, 0.0, -mx.inf).astype(mx.float32)
-    mx.eval(bias)
-    return bias

@@ -15,11 +15,18 @@ import functools
 from dataclasses import dataclass
 
 from mlx_lm.models import gemma3_text
-from mlx_lm.models.gemma3_text import MLP, RMSNorm  # RMSNorm scales by (1 + w)
+from mlx_lm.models.gemma3_text import RMSNorm  # RMSNorm scales by (1 + w)
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .attention import Attention
 from .transformer import Block, Transformer
+
+
+class MLP(gemma3_text.MLP):
+    """mlx-lm's GELU-tanh MLP, called as the blocks call theirs (it has no CPU kernel)."""
+
+    def __call__(self, x, backend=None):
+        return super().__call__(x)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.gemma3_text import clip_residual
 
-from ..accel.cpu_math import on_cpu, rope_tables, swiglu
+from ..accel.backend import Backend
 from .attention import rope_key
 from .sharding import gather_heads
 
@@ -37,8 +37,8 @@ class Segment:
 class MLP(llama.MLP):
     """gate, up and down projections with SiLU (mlx-lm's names and biases)."""
 
-    def __call__(self, x):
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # a faster silu on the CPU
+    def __call__(self, x, backend: Backend):
+        return self.down_proj(backend.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class Block(nn.Module):
@@ -58,16 +58,16 @@ class Block(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
 
-    def __call__(self, x, segments: list[Segment], masks: list, layer: int, rotations: list):
+    def __call__(self, x, segments: list[Segment], masks: list, layer: int, rotations: list, backend: Backend):
         """x: (tokens, hidden), every segment's tokens in order. Returns the new
         hidden states and each segment's last-query scores."""
-        r, scores = self.self_attn(self.input_layernorm(x), segments, masks, layer, rotations)
+        r, scores = self.self_attn(self.input_layernorm(x), segments, masks, layer, rotations, backend)
         if self.sandwich:
             h = clip_residual(x, self.post_attention_layernorm(r))
-            r = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            r = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h), backend))
             return clip_residual(h, r), scores
         h = x + r
-        return h + self.mlp(self.post_attention_layernorm(h)), scores
+        return h + self.mlp(self.post_attention_layernorm(h), backend), scores
 
 
 class Body(nn.Module):
@@ -95,6 +95,7 @@ class Transformer(nn.Module):
         self.tied = tied
         self.embed_scale = embed_scale  # Gemma scales the embeddings by sqrt(hidden)
         self.head_group = None  # the ranks that share out the heads (sharding.shard), or None
+        self.backend = Backend.here()
         if not tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
@@ -117,14 +118,12 @@ class Transformer(nn.Module):
         if self.embed_scale is not None:
             h = h * mx.array(self.embed_scale, mx.bfloat16).astype(h.dtype)  # rounded as Gemma's own code does
         masks = [self._masks(seg) for seg in segments]
-        rotations = [self._rotations(seg, on_cpu(h)) for seg in segments]
+        backend = self.backend
+        rotations = [self._rotations(seg, backend) if backend.takes(h) else {} for seg in segments]
         scores = [[] for _ in segments]
-        # On the CPU, building a decode step's graph in Python is a noticeable share of
-        # the step, and MLX's thread would wait for all of it. Handed over two layers at
-        # a time, the layers built so far are computed meanwhile. The GPU keeps one graph.
-        pipelined = on_cpu(h)
+        pipelined = backend.pipelined(h)  # the layers built so far computed while the next are built
         for i, layer in enumerate(self.layers):
-            h, layer_scores = layer(h, segments, masks, i, rotations)
+            h, layer_scores = layer(h, segments, masks, i, rotations, backend)
             if pipelined and i % 2:
                 mx.async_eval(h)
             for mine, s in zip(scores, layer_scores, strict=False):
@@ -162,12 +161,10 @@ class Transformer(nn.Module):
             masks[window] = create_attention_mask(placeholder, first, window_size=window)
         return masks
 
-    def _rotations(self, seg: Segment, cpu: bool) -> dict:
+    def _rotations(self, seg: Segment, backend: Backend) -> dict:
         """Every layer rotates the same positions: the cos and sin tables are made
-        once per kind of RoPE (where `rope` would use them: float32 on the CPU)."""
+        once per kind of RoPE (where the backend's `rope` uses them)."""
         tables = {}
-        if not cpu:
-            return tables
         first = seg.cache[0] if seg.cache is not None else None
         B, L = seg.tokens.shape
         offset = first.offset if first is not None else 0
@@ -176,7 +173,7 @@ class Transformer(nn.Module):
             key = rope_key(attn.rope)
             if key not in tables:
                 shape = (B, attn.n_heads + attn.n_kv_heads, L, attn.head_dim)
-                tables[key] = rope_tables(attn.rope, shape, offset)
+                tables[key] = backend.rope_tables(attn.rope, shape, offset)
         return tables
 
     @property

@@ -24,9 +24,7 @@ from ..errors import ConfigError
 from .cards import CardDocument, card_file
 from .parameters import PARAMETERS
 from .settings import THRESHOLD, Settings, at_least, card_table, layered, not_above, read_toml, rule, validate
-
-STRATEGIES = ("argmax", "think", "branch", "resample", "adaptive")
-
+from .strategies import ENTROPIX_NAMES
 
 BRANCH_SELECTS = ("logprob", "confidence", "path_confidence")
 # The selects that roll out the likeliest tokens and compare how sure the model is of each path.
@@ -46,12 +44,7 @@ class SamplerConfig(Settings):
     top_k: int = 27
     min_p: float = 0.03
 
-    # Decision thresholds, checked in this order (see entropix.decide):
-    #   argmax   H < low_entropy and V < low_varentropy, or a top-1 margin >= argmax_margin
-    #   think    H > medium_entropy and V < think_varentropy
-    #   branch   H < high_entropy and V > high_varentropy
-    #   resample H > medium_entropy and V > high_varentropy (so H >= high_entropy after branch)
-    #   adaptive everything else
+    # Decision thresholds: the states of strategies.STRATEGY_TABLE read them.
     low_entropy: float = 0.1
     low_varentropy: float = 0.1
     medium_entropy: float = 3.0
@@ -69,8 +62,8 @@ class SamplerConfig(Settings):
     argmax_margin: float = 0.0
 
     # Which strategies may be chosen; a state whose strategy is left out is
-    # handled by "adaptive", which is always available.
-    strategies: tuple[str, ...] = STRATEGIES
+    # handled by the fallback (adaptive), which is always available.
+    strategies: tuple[str, ...] = ENTROPIX_NAMES
 
     # Which layers' attention metrics feed the sampler: "all" (mean over every
     # layer, the default: one layer alone is noisy), "last" (the reference's
@@ -142,10 +135,10 @@ THRESHOLDS = ("low_entropy", "low_varentropy", "medium_entropy", "high_entropy",
 
 def strategies_problem(value) -> str | None:
     if not isinstance(value, (tuple, list)) or not all(isinstance(s, str) for s in value):
-        return f"must be a list of names from: {', '.join(STRATEGIES)}"
-    unknown = [s for s in value if s not in STRATEGIES]
+        return f"must be a list of names from: {', '.join(ENTROPIX_NAMES)}"
+    unknown = [s for s in value if s not in ENTROPIX_NAMES]
     if unknown:
-        return f"unknown strategy '{unknown[0]}'; choose from: {', '.join(STRATEGIES)}"
+        return f"unknown strategy '{unknown[0]}'; choose from: {', '.join(ENTROPIX_NAMES)}"
     return None
 
 

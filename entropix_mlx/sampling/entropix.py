@@ -6,7 +6,7 @@ One decoding step:
    strategy's candidate tokens and parameters (they are cheap: all filtering
    happens on the few hundred most likely tokens). Evaluate it once: one host
    sync per step, whatever the strategy turns out to be.
-2. Decide the strategy on the host from entropy H and varentropy V (`decide`).
+2. Decide the strategy on the host from entropy H and varentropy V (`strategies.decide`).
 3. Return that strategy's token(s). `branch` and `think` may run the model
    further (rollouts, the inserted text) and hand the loop the cache they end on.
 
@@ -70,6 +70,7 @@ from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, 
 from .repetition import path_repeats, repeat_counts
 from .rollout import branch
 from .samplers import GREEDY_PARAMS, LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
+from .strategies import ENTROPIX_NAMES, decide
 
 NATS_TO_BITS = LOG2E
 
@@ -78,31 +79,8 @@ NATS_TO_BITS = LOG2E
 # banned end-of-turn tokens): a fixed size keeps the compiled step graph's
 # shapes fixed. More repeated tokens than this: the most repeated ones.
 BIAS_SLOTS = 16
-
-
-def decide(entropy: float, varentropy: float, c: SamplerConfig, margin: float = 0.0) -> str:
-    """The strategy for a step, checked top to bottom as in the reference; a
-    state whose strategy is not enabled falls through to adaptive.
-
-    `margin` (bits): how much likelier the best-scored token is than the
-    second, log2 p1 - log2 p2. At or above `argmax_margin` the step is argmax
-    whatever the entropy: a long tail raises H and V, but when one token is
-    far ahead (often an answer-critical one: a digit, a name), sampling can
-    only lose it."""
-    enabled = c.strategies
-    if (entropy < c.low_entropy and varentropy < c.low_varentropy) or (
-        c.argmax_margin > 0 and margin >= c.argmax_margin
-    ):
-        state = "argmax"
-    elif entropy > c.medium_entropy and varentropy < c.think_varentropy:
-        state = "think"
-    elif entropy < c.high_entropy and varentropy > c.high_varentropy:
-        state = "branch"
-    elif entropy > c.medium_entropy and varentropy > c.high_varentropy:
-        state = "resample"
-    else:
-        state = "adaptive"
-    return state if state in enabled else "adaptive"
+# The strategies whose temperature, top-k, top-p and min-p the metrics set (argmax takes the best).
+SAMPLED = tuple(s for s in ENTROPIX_NAMES if s != "argmax")
 
 
 def _clip(x, lo, hi):
@@ -177,13 +155,11 @@ class EntropixSampler(TwoPhaseSampler):
             step.logits, attention, key, bias_ids, bias_vals
         )
         c = self.config
-        sizes = {
-            "argmax": 1,
-            "think": 1,
+        drawn = {
             "branch": min(c.branch_candidates, idx.shape[0] - c.adaptive_samples - 3),
-            "resample": 1,
             "adaptive": c.adaptive_samples,
         }
+        sizes = {s: drawn.get(s, 1) for s in ENTROPIX_NAMES}  # each strategy's candidates, in the table's order
         out = {
             "metrics": metrics,
             "params": params,
@@ -258,18 +234,18 @@ class EntropixSampler(TwoPhaseSampler):
         adaptive_idx = mx.stack(
             [mx.random.categorical(w["adaptive"], key=k) for k in mx.random.split(k_adaptive, c.adaptive_samples)]
         )
-        picks = [
-            mx.array([0]),
-            mx.random.categorical(w["think"], key=k_think)[None],
-            branch_idx,
-            mx.random.categorical(w["resample"], key=k_resample)[None],
-            adaptive_idx,
-        ]
-        owner = ["think", "think", "branch", "resample", "adaptive"]  # whose filter a pick passed (argmax: any)
-        idx = mx.concatenate([p.astype(mx.int32) for p in picks])
-        kept = mx.concatenate([w[o][p] > -mx.inf for o, p in zip(owner, picks, strict=False)])
+        picks = {
+            "argmax": mx.array([0]),
+            "think": mx.random.categorical(w["think"], key=k_think)[None],
+            "branch": branch_idx,
+            "resample": mx.random.categorical(w["resample"], key=k_resample)[None],
+            "adaptive": adaptive_idx,
+        }
+        idx = mx.concatenate([picks[s].astype(mx.int32) for s in ENTROPIX_NAMES])
+        # whose filter a pick passed (argmax's: any, think's)
+        kept = mx.concatenate([w[s if s in w else "think"][picks[s]] > -mx.inf for s in ENTROPIX_NAMES])
         metrics = mx.stack([H, V, ae, av, ag, ist])
-        param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in params])
+        param_rows = mx.stack([mx.stack([mx.array(x).astype(mx.float32) for x in params[s]]) for s in SAMPLED])
         # log p of the thinking text's first token, in case it is inserted
         think_lp = logprobs[self.thinking_tokens[0]] if self.thinking_tokens else mx.array(0.0)
         # bits between the best-scored token and the second (inf when only one is possible)
@@ -297,8 +273,8 @@ class EntropixSampler(TwoPhaseSampler):
         rollout or insertion."""
         c = self.config
         metrics = dict(zip(METRIC_NAMES, plan["metrics"].tolist(), strict=False))
-        strategy = decide(metrics["entropy"], metrics["varentropy"], c, plan["margin"].item())
-        param_rows = dict(zip(("think", "branch", "resample", "adaptive"), plan["params"].tolist(), strict=False))
+        strategy = decide(metrics, c, plan["margin"].item())
+        param_rows = dict(zip(SAMPLED, plan["params"].tolist(), strict=True))
         tokens = {s: v.tolist() for s, v in plan["tokens"].items()}
         logprobs = {s: v.tolist() for s, v in plan["logprobs"].items()}
 

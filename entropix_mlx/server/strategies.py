@@ -5,7 +5,7 @@ style may add more than a colour (e.g. "default underline"): underline, bold and
 italic carry over as CSS; "default" is the theme's text colour."""
 
 from ..front.registry import legend
-from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, strategy_color
+from ..sampling.strategies import SPARE_COLORS, STRATEGY_COLORS, STRATEGY_TABLE, strategy_color
 
 DECORATIONS = ("underline", "bold", "italic")
 # The theme's 16 terminal colours, by their style names.
@@ -47,5 +47,6 @@ def page_info(sampler_names, entropix_config=None, vocabulary: int | None = None
         "decorations": {name: d for name, d in decorations.items() if d},
         "spare_colors": [css_color(c) for c in SPARE_COLORS],
         "legends": {name: legend(name, entropix_config, vocabulary) for name in sampler_names},
+        "meanings": {s.name: s.meaning for s in STRATEGY_TABLE},
         "background": THEME_BACKGROUND,
     }

@@ -34,7 +34,7 @@ const EntropixView = (() => {
   function legend(container, info, strategies) {
     container.replaceChildren(el("span", { class: "meta" }, "strategies: "));
     for (const name of strategies) {
-      const entry = el("span", { class: "entry", "data-strategy": name });
+      const entry = el("span", { class: "entry", "data-strategy": name, title: (info.meanings || {})[name] || "" });
       const swatch = el("span", { class: "swatch" });
       swatch.style.background = colorOf(info, name);
       const label = el("span", {}, name);
