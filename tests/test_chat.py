@@ -185,3 +185,22 @@ def test_recover_realigns_the_layers_after_an_interrupt_outside_a_turn(tiny_mode
     assert len(conversation.cached_tokens) == len(first.prompt_tokens) + 2 - 5 - 1
     turn = conversation.reply("d", GreedySampler(), max_tokens=4)
     assert turn.generation.tokens == fresh_answer(tiny_model, tiny_tokenizer, turn.prompt_tokens, 4)
+
+
+@pytest.mark.slow
+def test_an_answer_a_branch_rollout_ended_stays_in_the_cache(smollm):
+    # On the bundled model the card's entropix answers "Thanks" with one confidence
+    # rollout that ends the turn: its tokens never went through the step's own cache.
+    from entropix_mlx.front.registry import build
+
+    model, tokenizer = smollm
+    conversation = Conversation(model, tokenizer)
+    for user in ("Hi", "Thanks", "Bye"):
+        turn = conversation.reply(user, build("entropix", tokenizer=tokenizer, card="smollm2-135m"), max_tokens=64)
+        assert turn.finish_reason == "eos"
+        assert cache_length(conversation.cache) == len(conversation.cached_tokens)
+        assert conversation.cached_tokens == turn.prompt_tokens + turn.generation.tokens
+    branched = [t for t in conversation.turns if any(e.strategy == "branch" for e in t.events)]
+    assert branched, "no turn branched: the test no longer covers a rollout"
+    second, third = conversation.turns[1:]
+    assert third.prefilled == len(third.prompt_tokens) - len(second.prompt_tokens) - len(second.generation.tokens)

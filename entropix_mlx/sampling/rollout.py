@@ -91,11 +91,14 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     if sampler.config.repetition_penalty:
         keep = max(1, first_repeat(step.tokens, paths[best], sampler.config.repetition_ngram))
     end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
+    # The step's cache takes the winner's rollout keys: up to the end of the turn, for a
+    # conversation that goes on from this cache; up to the last kept token otherwise.
+    fed = end if end is not None else keep - 1
+    for layer, shared in zip(step.cache, rollout if fed > 0 else (), strict=False):
+        keys, values = shared.row(best)
+        layer.update_and_fetch(keys[..., :fed, :], values[..., :fed, :])
     if end is not None:  # the turn ends here: no state after it is needed
         return paths[best][: end + 1], lps[best][: end + 1], None, later[:end]
-    for layer, shared in zip(step.cache, rollout if keep > 1 else (), strict=False):
-        keys, values = shared.row(best)
-        layer.update_and_fetch(keys[..., : keep - 1, :], values[..., : keep - 1, :])
     del rollout  # it references the prefix: appending to the cache while it lives would copy it
     logits, scores = step.model(path[best : best + 1, keep - 1 : keep], step.cache)
     mx.eval(logits, scores)
