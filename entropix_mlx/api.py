@@ -44,7 +44,7 @@ def load_model(
     model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights, cache=cache)
     status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
     loaded = LoadedModel(model, tokenizer, source, ModelCard(source.name, status.path, status.kind, tokenizer))
-    model.entropix_card = loaded.card
+    model.entropix_card, model.entropix_loaded = loaded.card, loaded
     return loaded
 
 
@@ -106,14 +106,20 @@ def prompt_ids(tokenizer, prompt) -> list[int]:
     return list(prompt)
 
 
-def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0) -> Iterator[Response]:
+def stream_generate(
+    model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0, json_schema=None
+) -> Iterator[Response]:
     """Yield a `Response` per generated token. `prompt`: text or token ids;
-    `sampler`: from `make_sampler` (default: entropix with the model's card).
+    `sampler`: from `make_sampler` (default: entropix with the model's card);
+    `json_schema` (a dict): every answer is JSON valid under it (sampling/constraint.py).
     The answer stops where the model's context ends (finish reason "context")."""
     ids = prompt_ids(tokenizer, prompt)
-    card = getattr(model, "entropix_card", None) or ModelCard(getattr(model, "name", "model"), None, "none")
-    loaded = LoadedModel(model, tokenizer, None, card)
-    prepared = loaded.prepare(ids, sampler or make_sampler("entropix", model=model), max_tokens, seed)
+    loaded = getattr(model, "entropix_loaded", None)
+    if loaded is None or loaded.tokenizer is not tokenizer:
+        card = getattr(model, "entropix_card", None) or ModelCard(getattr(model, "name", "model"), None, "none")
+        loaded = LoadedModel(model, tokenizer, None, card)
+    sampler = sampler or make_sampler("entropix", model=model)
+    prepared = loaded.prepare(ids, sampler, max_tokens, seed, json_schema=json_schema)
     generation = loaded.generate(prepared)
     pending = None
     for count, event in enumerate(generation, 1):
@@ -132,9 +138,10 @@ def stream_generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 25
         )
 
 
-def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0) -> str:
+def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0, json_schema=None) -> str:
     """The whole answer's text (see `stream_generate`)."""
-    return "".join(r.text for r in stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed))
+    responses = stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed, json_schema)
+    return "".join(r.text for r in responses)
 
 
 def mlx_lm_sampler(tokenizer, config=None, seed: int = 0, reasoning: bool = False, **settings) -> MlxLmSampler:

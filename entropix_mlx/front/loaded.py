@@ -16,6 +16,7 @@ from ..decode.prompt import encode_chat, encode_raw
 from ..errors import ConfigError, ContextOverflowError
 from ..model.loading import ModelSource
 from ..sampling.cards import CardDocument
+from ..sampling.constraint import Chain, Constraint, grammar_tokenizer, json_grammar
 from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
@@ -127,13 +128,15 @@ class LoadedModel:
         penalties: dict | None = None,
         config=None,
         reasoning: bool = False,
+        json_schema=None,
         **settings,
     ) -> Prepared:
         """The request for prompt `ids`: the chosen sampler with the card's settings
         under `config` and `settings` (for deliberate `budget`, for eval `metrics`,
         `k`), or a sampler already made; the answer kept within the context (None:
         all the context leaves); the penalties (presence, frequency, repetition)
-        over the prompt too."""
+        over the prompt too; with `json_schema`, answers held to it (SchemaError
+        for one the grammar engine cannot hold)."""
         room = self.context - len(ids)
         if room <= 0:
             raise ContextOverflowError(
@@ -145,16 +148,30 @@ class LoadedModel:
         else:
             sampler, notes = choice, ()
         limit = room if max_tokens is None else min(max_tokens, room)
+        processor = make_penalties(**(penalties or {}), prompt=ids)
+        if json_schema is not None:
+            constraint = self.constraint(json_schema)
+            processor = constraint if processor is None else Chain(processor, constraint)
         return Prepared(
             list(ids),
             sampler,
             limit,
             seed,
-            make_penalties(**(penalties or {}), prompt=ids),
+            processor,
             room,
             max_tokens is not None and max_tokens > room,
             list(notes),
         )
+
+    @cached_property
+    def grammar_tokenizer(self):
+        """The grammar engine's view of the tokenizer, made on the first constrained request."""
+        return grammar_tokenizer(self.tokenizer._tokenizer, self.model.args.vocab_size, self.tokenizer.eos_token_ids)
+
+    def constraint(self, json_schema) -> Constraint:
+        """Answers held to `json_schema` (a dict; {"type": "object"}: any JSON object)."""
+        grammar = json_grammar(json_schema, self.grammar_tokenizer)
+        return Constraint(grammar, self.grammar_tokenizer, self.model.args.vocab_size)
 
     def penalties(self, presence=None, frequency=None, repetition=None, prompt=()):
         """The penalties asked for over `prompt` (None: off): for a caller that

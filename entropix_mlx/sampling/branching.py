@@ -88,7 +88,10 @@ class BranchSampler:
             return []
         n = min(n, c.max_candidates - 1 - self.branches)
         floor = math.log(c.min_probability) if c.min_probability > 0 else -math.inf
-        spawn = [(t, lp) for t, lp in zip(ids[1 : n + 1], values[1 : n + 1], strict=False) if lp >= floor]
+        # (a token a constraint rules out has log p -inf: never a branch)
+        spawn = [
+            (t, lp) for t, lp in zip(ids[1 : n + 1], values[1 : n + 1], strict=False) if lp >= floor and lp > -math.inf
+        ]
         if spawn:
             self.branches += len(spawn)
             if position > 0:

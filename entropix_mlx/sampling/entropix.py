@@ -66,6 +66,7 @@ import mlx.core as mx
 
 from .candidates import filter_sorted, top_candidates
 from .config import CONFIDENCE_SELECTS, SamplerConfig
+from .constraint import constrained
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .repetition import path_repeats, repeat_counts
 from .rollout import branch
@@ -288,7 +289,9 @@ class EntropixSampler(TwoPhaseSampler):
         if strategy == "argmax":
             out, lps, params = tokens["argmax"], logprobs["argmax"], dict(GREEDY_PARAMS)
         elif strategy == "think":
-            if self.thinking_tokens and not self._just_inserted and self.insertions < c.max_thinking_insertions:
+            # (under a constraint the answer holds only the tokens its grammar allows)
+            insert = self.thinking_tokens and not self._just_inserted and not constrained(step.penalties)
+            if insert and self.insertions < c.max_thinking_insertions:
                 out, lps, advanced = self._insert_thinking(step, plan["thinking_logprob"].item())
                 params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}  # inserted, not sampled
                 inserted = True
@@ -297,7 +300,8 @@ class EntropixSampler(TwoPhaseSampler):
                 out, lps, params = tokens["think"], logprobs["think"], params_of("think")
         elif strategy == "branch":
             if c.branch_select in CONFIDENCE_SELECTS:  # the most likely tokens, not drawn ones
-                cands = list(zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist(), strict=False))
+                top = zip(plan["top_ids"].tolist(), plan["top_logprobs"].tolist(), strict=False)
+                cands = [(t, lp) for t, lp in top if lp > -math.inf]  # (a constraint rules some out)
             else:
                 kept = plan["kept"]["branch"].tolist()
                 cands = [(t, lp) for t, lp, k in zip(tokens["branch"], logprobs["branch"], kept, strict=False) if k]

@@ -28,6 +28,7 @@ class Penalties:
     repetition: float = 1.0  # 1 = off
     window: int = REPEAT_LAST_N
     prompt: tuple[int, ...] = ()  # the prompt's last `window` tokens (the repetition penalty sees them)
+    constrains = False  # they change logits, never which tokens are possible
 
     def __post_init__(self):
         if not self.repetition > 0:

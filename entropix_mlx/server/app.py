@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError, ContextOverflowError
 from ..front import SAMPLER_NAMES, choose
+from ..sampling.constraint import SchemaError
 from ..sampling.config import THRESHOLDS, resolve_config
 from .engine import Engine, Job, random_seed
 from .responses import Answer
@@ -105,10 +106,15 @@ class Server:
             seed = p.seed if p.seed is not None else random_seed()
             # Every sampler, greedy and deliberate included: penalties change the logits, not the sampling.
             try:
-                prepared = loaded.prepare(ids, choice, p.max_tokens, seed, p.penalties, reasoning=reasoning)
+                prepared = loaded.prepare(
+                    ids, choice, p.max_tokens, seed, p.penalties, reasoning=reasoning, json_schema=p.json_schema
+                )
             except ContextOverflowError as e:
                 where = "messages" if chat else "prompt"
                 raise APIError(400, str(e), where, code="context_length_exceeded") from None
+            except SchemaError as e:
+                where = "response_format.json_schema.schema" + (e.path.replace("/", ".") if e.path else "")
+                raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
         if prepared.clamped:
@@ -117,6 +123,8 @@ class Server:
                 f"leave that much of the {engine.context}-token context"
             )
         recipe = {"sampler": choice.name, "overrides": choice.params, "penalties": p.penalties, "reasoning": reasoning}
+        if p.json_schema is not None:
+            recipe["json_schema"] = p.json_schema
         job = Job(
             ids,
             prepared.sampler,
@@ -151,6 +159,7 @@ class Server:
         except APIError as e:
             return error_response(e)
         answer = Answer("chat" if chat else "completion", self.engine.name, job.seed, warnings)
+        answer.structured = p.json_schema is not None
         self.engine.submit(job)
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:

@@ -61,6 +61,7 @@ def rebuild(engine: Engine, recipe: dict) -> Job:
         recipe["seed"],
         recipe["penalties"],
         reasoning=recipe.get("reasoning", False),
+        json_schema=recipe.get("json_schema"),
     )
     return Job(
         recipe["ids"],

@@ -9,6 +9,7 @@ import time
 import uuid
 
 from ..decode.events import plain
+from ..decode.fields import json_fields
 
 
 def record(event) -> dict:
@@ -38,6 +39,7 @@ class Answer:
         self.text, self.records, self.logprobs = "", [], []
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.finish_reason = None
+        self.structured = False  # held to a JSON schema: the end names each value's confidence
 
     @property
     def usage(self) -> dict:
@@ -73,7 +75,13 @@ class Answer:
         choice["logprobs"] = self._logprobs_field(logprobs) if logprobs is not None else None
         choice["finish_reason"] = finish
         choice["entropix"] = records
+        if self.structured and finish is not None:
+            choice["entropix_fields"] = self.fields()
         return choice
+
+    def fields(self) -> list[dict]:
+        """Each complete value of the JSON answer with its tokens and confidence (decode/fields.py)."""
+        return json_fields([r["text"] for r in self.records], [r["logprob"] for r in self.records])
 
     def _envelope(self, chunk: bool) -> dict:
         obj = "chat.completion" if self.kind == "chat" else "text_completion"

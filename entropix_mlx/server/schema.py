@@ -51,6 +51,7 @@ class Params:
     include_usage: bool = False
     model: str | None = None
     reasoning: bool = False  # entropix's reasoning profile (sampling/config.py)
+    json_schema: dict | bool | None = None  # response_format's schema (None: plain text)
 
 
 def _is_int(v) -> bool:
@@ -159,22 +160,35 @@ def _stop(body) -> list[str]:
     return stop
 
 
-def _response_format(body):
-    """Only plain text: nothing here constrains an answer to JSON, and a client
-    that asks for it must not take an unconstrained answer for valid JSON."""
+ANY_OBJECT = {"type": "object"}
+
+
+def _response_format(body) -> dict | None:
+    """The JSON schema answers are held to (None: plain text). OpenAI's shapes:
+    {"type": "json_object"}, any JSON object; {"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}}. The grammar holds every answer to the schema,
+    strict or not (OpenAI's strict mode asks no more)."""
     fmt = body.get("response_format")
     if fmt is None:
-        return
+        return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise bad(
-            "response_format",
-            f"'response_format' of type {kind} is not supported: this server cannot constrain an answer "
-            "to JSON; leave the field out or give the type text, and ask for JSON in the prompt",
-        )
-    raise bad("response_format", f"'response_format' must be of type text, got {fmt!r}")
+        return None
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", ANY_OBJECT), (dict, bool)):
+            raise bad(
+                "response_format.json_schema",
+                "'response_format.json_schema' must be an object with a 'schema' object "
+                '(and optionally a \'name\' and \'strict\'), e.g. {"name": "person", "schema": {"type": "object"}}',
+            )
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad("response_format.json_schema.strict", f"'strict' must be true or false, got {strict!r}")
+        return spec.get("schema", ANY_OBJECT)
+    raise bad("response_format", f"'response_format' must be of type text, json_object or json_schema, got {fmt!r}")
 
 
 def parse(body, chat: bool, sampler_names) -> Params:
@@ -194,6 +208,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
         raise bad("sampler", f"'sampler' must be one of {', '.join(sampler_names)}, got {sampler!r}")
     p.sampler = sampler
     p.reasoning = _boolean(body, "reasoning")
+    p.json_schema = _response_format(body)
     n = _integer(body, "n", 1, 1)
     del n  # only one choice per request; n = 1 is accepted for clients that always send it
     limit = _integer(body, "max_completion_tokens", 1)
@@ -205,7 +220,6 @@ def parse(body, chat: bool, sampler_names) -> Params:
         "frequency": _number(body, "frequency_penalty", -2, 2),
         "repetition": _number(body, "repetition_penalty", 0, low_open=True),
     }
-    _response_format(body)
     p.stop = _stop(body)
     if chat:
         p.logprobs = _boolean(body, "logprobs")

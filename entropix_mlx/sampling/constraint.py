@@ -1,0 +1,171 @@
+"""Answers held to a JSON schema: at each step, only the tokens the schema's
+grammar allows after the answer so far keep their logits; every sampler then
+measures and chooses among those (Entropix's entropy is the entropy of what the
+schema leaves open). A logits processor like the penalties (`penalties.py`),
+applied wherever they are: each decode step, each branch rollout's path, each
+deliberate candidate.
+
+The grammar engine is llguidance (Microsoft's, used by llama.cpp, vLLM and
+SGLang): a Rust library with Python wheels for macOS and Linux that needs no
+PyTorch and hands back a token bitmask any array library can apply; it compiles
+JSON schemas itself, `strict` ones included."""
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer
+
+from ..errors import ConfigError
+
+# Matchers kept per constraint, by the answer they have read: a step's rows extend
+# their own, a row forked from another starts from the nearest one it shares.
+KEPT_MATCHERS = 64
+# Between tokens of JSON, llama.cpp's grammar's whitespace: one space, or a new line
+# and an indent. Bounded, so that a model unsure of what comes next cannot fill
+# the answer with blanks.
+JSON_LAYOUT = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+# The parts of a schema that hold schemas, for finding which one is unsupported.
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains")
+
+
+class SchemaError(ConfigError):
+    """A schema the grammar engine cannot hold an answer to; `path` names the
+    part of it (a JSON pointer: "/properties/age")."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"the schema at {path or '/'} is not supported: {message}")
+        self.path, self.reason = path, message
+
+
+def grammar_tokenizer(hf_tokenizer, vocabulary: int, eos: list[int]) -> LLTokenizer:
+    """The grammar engine's view of a tokenizer (about a second to build: make it
+    once per model). `vocabulary`: the model's logits' size."""
+    from llguidance.hf import from_tokenizer
+
+    return from_tokenizer(hf_tokenizer, n_vocab=vocabulary, eos_token=sorted(eos))
+
+
+def _errors(schema, tokenizer: LLTokenizer) -> list[str]:
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    return list(messages) or ["the grammar engine refused it"] if failed else []
+
+
+def _children(schema: dict):
+    for key in _SCHEMA_LISTS:
+        for i, child in enumerate(schema.get(key) or ()):
+            yield f"/{key}/{i}", child
+    for key in _SCHEMA_MAPS:
+        for name, child in (schema.get(key) or {}).items():
+            yield f"/{key}/{name.replace('~', '~0').replace('/', '~1')}", child
+    for key in _SCHEMA_VALUES:
+        if isinstance(schema.get(key), dict):
+            yield f"/{key}", schema[key]
+
+
+def _where(schema, tokenizer: LLTokenizer, path: str = "") -> tuple[str, str] | None:
+    """(the deepest part of `schema` that fails alone, why), or None if it compiles.
+    A part that refers elsewhere ($ref) is judged with its whole schema."""
+    errors = _errors(schema, tokenizer)
+    if not errors:
+        return None
+    if isinstance(schema, dict):
+        for sub, child in _children(schema):
+            if isinstance(child, dict) and "$ref" not in json.dumps(child):
+                found = _where(child, tokenizer, path + sub)
+                if found:
+                    return found
+    return path, errors[0]
+
+
+def json_grammar(schema, tokenizer: LLTokenizer) -> str:
+    """The grammar for answers that are JSON values valid under `schema` (a JSON
+    schema as a dict; {"type": "object"}: any object). Raises SchemaError."""
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError("", f"a schema is an object, got {json.dumps(schema)[:60]}")
+    found = _where(schema, tokenizer)
+    if found:
+        raise SchemaError(*found)
+    return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+
+
+@dataclass
+class Constraint:
+    """The tokens `grammar` allows after each answer, as a logits processor."""
+
+    grammar: str
+    tokenizer: LLTokenizer
+    vocabulary: int
+    constrains = True
+
+    def __post_init__(self):
+        self._matchers: OrderedDict[tuple, LLMatcher] = OrderedDict()
+        self._matchers[()] = LLMatcher(self.tokenizer, self.grammar)
+
+    def after(self, prompt) -> "Constraint":
+        return self  # the grammar holds the answer alone
+
+    def matcher(self, answer) -> LLMatcher:
+        """The matcher that has read `answer` (the tokens so far)."""
+        key = tuple(answer)
+        found = self._matchers.get(key)
+        if found is not None:
+            self._matchers.move_to_end(key)
+            return found
+        start = next(n for n in range(len(key), -1, -1) if key[:n] in self._matchers)
+        matcher = self._matchers[key[:start]].deep_copy()
+        for token in key[start:]:
+            if not matcher.consume_token(token):  # a token it never allowed: only an end is left
+                break
+        self._matchers[key] = matcher
+        while len(self._matchers) > KEPT_MATCHERS:
+            self._matchers.popitem(last=False)
+        if () not in self._matchers:
+            self._matchers[()] = LLMatcher(self.tokenizer, self.grammar)
+        return matcher
+
+    def allowed(self, answer) -> np.ndarray:
+        """(vocabulary,) bool: the tokens the grammar allows after `answer`."""
+        matcher = self.matcher(answer)
+        if matcher.is_error():
+            allowed = np.zeros(self.vocabulary, dtype=bool)
+            allowed[list(self.tokenizer.eos_tokens)] = True
+            return allowed
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self.vocabulary].astype(bool)
+
+    def apply(self, logits: mx.array, generated: list[int]) -> mx.array:
+        allowed = mx.array(self.allowed(generated))
+        return mx.where(allowed[: logits.shape[-1]], logits.astype(mx.float32), -mx.inf)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Two logits processors, one after the other (the penalties, then the constraint)."""
+
+    first: object
+    then: object
+
+    @property
+    def constrains(self) -> bool:
+        return self.first.constrains or self.then.constrains
+
+    def after(self, prompt) -> "Chain":
+        return Chain(self.first.after(prompt), self.then.after(prompt))
+
+    def apply(self, logits: mx.array, generated: list[int]) -> mx.array:
+        return self.then.apply(self.first.apply(logits, generated), generated)
+
+
+def constrained(processor) -> bool:
+    """Whether a step's logits processor holds the answer to a grammar (then no
+    sampler may add tokens of its own, such as a thinking text)."""
+    return processor is not None and processor.constrains
