@@ -25,8 +25,8 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError, ContextOverflowError
 from ..front import SAMPLER_NAMES, choose
-from ..sampling.constraint import SchemaError
 from ..sampling.config import THRESHOLDS, resolve_config
+from ..sampling.constraint import SchemaError
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse
