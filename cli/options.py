@@ -174,6 +174,15 @@ ReasoningOpt = Annotated[
         "settings chosen for chains of thought (docs/sampler.md, Reasoning).",
     ),
 ]
+JsonSchemaOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--json-schema",
+        metavar="FILE",
+        help="Hold the answer to the JSON schema in FILE (every sampler chooses among what it allows); "
+        "the end lists each value's confidence.",
+    ),
+]
 NoCacheOpt = Annotated[
     bool,
     typer.Option(

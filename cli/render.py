@@ -6,6 +6,7 @@ its colour. Plain output (not a terminal, `--no-color`, or NO_COLOR set) is the
 same text without styles.
 """
 
+import json
 import sys
 
 from rich.console import Console
@@ -65,6 +66,20 @@ def strategy_counts(counts: dict) -> Text:
             line.append(", ", style=META_STYLE)
         line.append(f"{name} {n}", style=strategy_color(name))
     return line
+
+
+def fields_table(fields: list[dict]) -> Text:
+    """A structured answer's values, each with its lowest and mean confidence;
+    the least sure first marked, so the guesses stand out."""
+    out = Text("fields (lowest / mean confidence of their tokens):", style=META_STYLE)
+    width = max((len(f["path"]) for f in fields), default=0)
+    for f in fields:
+        low, mean = f["min_confidence"], f["mean_confidence"]
+        value = json.dumps(f["value"], ensure_ascii=False)
+        value = value if len(value) <= 40 else value[:39] + "…"
+        out.append(f"\n  {f['path']:<{width}}  {value:<40}  ", style=META_STYLE)
+        out.append(f"{low:.2f} / {mean:.2f}", style="bold red" if low < 0.5 else META_STYLE)
+    return out
 
 
 def summary_line(summary, prefilled: int | None = None) -> Text:

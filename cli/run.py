@@ -14,6 +14,7 @@ import typer
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.events import plain
+from entropix_mlx.decode.fields import json_fields
 from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
@@ -30,6 +31,7 @@ from .options import (
     BudgetOpt,
     ConfigOpt,
     FrequencyPenaltyOpt,
+    JsonSchemaOpt,
     MaxTokensOpt,
     MinPOpt,
     ModelOpt,
@@ -116,6 +118,7 @@ def run(
     ] = None,
     budget: BudgetOpt = None,
     reasoning: ReasoningOpt = False,
+    json_schema: JsonSchemaOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
@@ -124,6 +127,7 @@ def run(
     choice = choose(sampler, params)  # temperature 0: greedy answers
     check_config(choice, config, model, budget, reasoning)
     _check_run_options(choice, html, raw, system)
+    schema = read_schema(json_schema)
     text = read_prompt(prompt)
     loaded = ctx.obj.load(model, weights, tensor_parallel=True, card=choice.spec.reads_card, cache=not no_cache)
     llm, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source  # under mlx.launch: sharded
@@ -132,7 +136,7 @@ def run(
     ids = prompt_tokens(tokenizer, text, system, raw)
     penalties = dict(presence=presence_penalty, frequency=frequency_penalty, repetition=repetition_penalty)
     settings = {"budget": budget} if choice.spec.budget else {}
-    prepared = loaded.prepare(ids, choice, max_tokens, seed, penalties, config, reasoning, **settings)
+    prepared = loaded.prepare(ids, choice, max_tokens, seed, penalties, config, reasoning, schema, **settings)
     chooser = prepared.sampler
     recorder = None
     if html is not None:  # records each token's top alternatives for the page's hover details
@@ -169,15 +173,44 @@ def run(
             if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                 generation.on_row = deliberation_progress(err, tokenizer, color)
 
-    code, summary = stream(generation, begin, show, json_lines, out, cut_by_context=prepared.clamped)
+    extra = (lambda: {"fields": answer_fields(generation)}) if schema is not None else None
+    code, summary = stream(generation, begin, show, json_lines, out, prepared.clamped, extra)
     if not json_lines:
-        err.print(render.summary_line(summary))
-        if getattr(summary, "deliberation", None):  # deliberate: why it chose
-            err.print(deliberation_table(summary.deliberation, color))
+        print_end(err, summary, generation if schema is not None else None, color)
     if recorder is not None and w.root:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
     raise typer.Exit(code)
+
+
+def answer_fields(generation) -> list[dict]:
+    """A structured answer's values, each with how sure the model was of it."""
+    return json_fields([e.text for e in generation.events], [e.logprob for e in generation.events])
+
+
+def print_end(err, summary, structured, color: bool) -> None:
+    """After the answer: its summary line, each value's confidence (`structured`:
+    the generation of an answer held to a schema) and deliberate's reasons."""
+    err.print(render.summary_line(summary))
+    if structured is not None:
+        err.print(render.fields_table(answer_fields(structured)))
+    if getattr(summary, "deliberation", None):  # deliberate: why it chose
+        err.print(deliberation_table(summary.deliberation, color))
+
+
+def read_schema(path: Path | None):
+    """The JSON schema in file `path` (None: none), checked by the grammar engine
+    when the request is prepared."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--json-schema {path}: no such file; give a JSON schema file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--json-schema {path}: cannot read it ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--json-schema {path} is not JSON ({e}); give a JSON schema file") from None
 
 
 def _check_run_options(choice, html: Path | None, raw: bool, system: str | None) -> None:
@@ -205,9 +238,10 @@ def consoles(no_color: bool, root: bool):
     return out, err, color
 
 
-def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool):
+def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool, extra=None):
     """Hand every token of `generation` to `show` (after `begin`); Ctrl-C or SIGTERM
-    stops it with what was generated shown. (exit code, summary)."""
+    stops it with what was generated shown. (exit code, summary). `extra()`: more
+    of the JSON summary."""
     code, shown = 0, 0
     try:
         try:
@@ -229,7 +263,7 @@ def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool)
             generation.finish_reason = "context"
         summary = generation.summary()
         if json_lines:
-            sys.stdout.write(json_line({"summary": summary.to_dict()}))
+            sys.stdout.write(json_line({"summary": {**summary.to_dict(), **(extra() if extra else {})}}))
         else:
             out.print()
         sys.stdout.flush()

@@ -111,23 +111,25 @@ def chat(**fields):
     return {"messages": [{"role": "user", "content": "Hi"}], **fields}
 
 
-def test_the_server_reads_the_penalties_and_refuses_json_mode():
+def test_the_server_reads_the_penalties_and_the_response_format():
     p = parse(chat(presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.1), True, SAMPLER_NAMES)
     assert p.penalties == {"presence": 1.5, "frequency": -0.5, "repetition": 1.1}
     assert parse(chat(response_format={"type": "text"}), True, SAMPLER_NAMES).penalties["repetition"] is None
+    assert parse(chat(response_format={"type": "text"}), True, SAMPLER_NAMES).json_schema is None
+    assert parse(chat(response_format={"type": "json_object"}), True, SAMPLER_NAMES).json_schema == {"type": "object"}
+    schema = {"type": "array"}
+    asked = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    assert parse(chat(response_format=asked), True, SAMPLER_NAMES).json_schema == schema
     for fields, param in (
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": "high"}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": []}}, "response_format.json_schema"),
         ({"response_format": "json"}, "response_format"),
     ):
         with pytest.raises(APIError) as e:
             parse(chat(**fields), True, SAMPLER_NAMES)
         assert e.value.status == 400 and e.value.param == param, fields
-    with pytest.raises(APIError, match="json_object"):
-        parse(chat(response_format={"type": "json_object"}), True, SAMPLER_NAMES)
 
 
 def test_entropix_rollouts_are_penalised_along_their_paths():

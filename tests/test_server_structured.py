@@ -1,0 +1,136 @@
+"""Structured answers from the server (response_format), through the official
+`openai` SDK and raw HTTP, on a tiny random-weight model: whatever it would have
+said, the answer parses under the schema."""
+
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
+from pydantic import BaseModel, Field
+from serving import free_port, request
+
+from entropix_mlx.server import Engine, PrefixCache
+from entropix_mlx.server.app import create_app
+
+pytestmark = pytest.mark.slow  # a real HTTP server (uvicorn on a port)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=150)
+    member: bool
+
+
+@pytest.fixture(scope="module")
+def port():
+    engine = Engine(make_loaded(make_tiny_model(5), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def post(port, body) -> tuple[int, dict]:
+    status, data = request(
+        port, "POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    return status, json.loads(data)
+
+
+MESSAGES = [{"role": "user", "content": "Ada, 36, is a member. As JSON."}]
+
+
+@pytest.mark.parametrize("sampler", ["greedy", "entropix", "deliberate"])
+def test_the_sdks_parse_returns_a_valid_object_with_every_sampler(port, sampler):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    completion = client.chat.completions.parse(
+        model="tiny", messages=MESSAGES, response_format=Person, max_tokens=400, extra_body={"sampler": sampler}
+    )
+    person = completion.choices[0].message.parsed
+    assert isinstance(person, Person) and completion.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_json_object_parses_and_its_end_names_each_values_confidence(port):
+    status, data = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(
+            {"messages": MESSAGES, "response_format": {"type": "json_object"}, "stream": True, "max_tokens": 400}
+        ).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 200
+    chunks = [json.loads(line[6:]) for line in data.decode().split("\n\n") if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert isinstance(json.loads(text), dict)
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "stop" and "entropix_fields" in last
+    assert all("entropix_fields" not in c["choices"][0] for c in chunks[:-1])
+
+
+def test_each_fields_confidence_is_in_the_answer_and_they_differ(port):
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 400,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": Person.model_json_schema()},
+        },
+    }
+    status, out = post(port, body)
+    assert status == 200, out
+    choice = out["choices"][0]
+    value = json.loads(choice["message"]["content"])
+    fields = {f["path"]: f for f in choice["entropix_fields"]}
+    assert set(fields) == {"/name", "/age", "/member"} and {f["path"][1:]: f["value"] for f in fields.values()} == value
+    for f in fields.values():
+        assert 0 < f["min_confidence"] <= f["mean_confidence"] <= 1
+        first, last = f["tokens"]
+        assert 0 <= first <= last < len(choice["entropix"])
+    assert len({f["mean_confidence"] for f in fields.values()}) > 1
+
+
+def test_an_unsupported_schema_is_a_400_naming_its_part(port):
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "(?=x)y"}}}
+    status, out = post(
+        port, {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    )
+    assert status == 400
+    assert out["error"]["param"] == "response_format.json_schema.schema.properties.code"
+    assert "look-around" in out["error"]["message"] and out["error"]["code"] == "unsupported_schema"
+
+
+@pytest.mark.parametrize(
+    ("response_format", "param"),
+    [
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": "object"}}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}, "response_format.json_schema.strict"),
+        ({"type": "yaml"}, "response_format"),
+    ],
+)
+def test_a_malformed_response_format_is_a_400(port, response_format, param):
+    status, out = post(port, {"messages": MESSAGES, "response_format": response_format})
+    assert status == 400 and out["error"]["param"] == param
+
+
+def test_an_answer_cut_off_inside_the_schema_ends_with_length_and_the_partial_text(port):
+    schema = {"name": "person", "schema": Person.model_json_schema()}
+    body = {"messages": MESSAGES, "max_tokens": 5, "response_format": {"type": "json_schema", "json_schema": schema}}
+    status, out = post(port, body)
+    assert status == 200
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"].startswith("{")
+    assert out["usage"]["completion_tokens"] == 5
