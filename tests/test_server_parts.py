@@ -109,7 +109,7 @@ def chat_body(**fields):
         ({"min_p": 1}, "min_p"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stream_options": []}, "stream_options"),
         ({"model": 3}, "model"),

@@ -134,3 +134,67 @@ def test_an_answer_cut_off_inside_the_schema_ends_with_length_and_the_partial_te
     choice = out["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["content"].startswith("{")
     assert out["usage"]["completion_tokens"] == 5
+
+
+def test_n_choices_come_from_one_prefill_each_with_its_own_seed(port):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    # (the tiny model's next token is nearly certain: the penalty makes its choices differ)
+    messages = [{"role": "user", "content": "Tell me something new about the moon and the tides."}]
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        n=3,
+        max_tokens=12,
+        seed=7,
+        temperature=2.0,
+        extra_body={"sampler": "temperature", "repetition_penalty": 50.0},
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    texts = [c.message.content for c in out.choices]
+    assert len(set(texts)) == 3 and out.usage.completion_tokens == 36
+    # Choice i is what seed 7 + i alone answers; the prompt ran once for the three.
+    alone = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=12,
+        seed=8,
+        temperature=2.0,
+        extra_body={"sampler": "temperature", "repetition_penalty": 50.0},
+    )
+    assert alone.choices[0].message.content == texts[1]
+    assert alone.usage.prompt_tokens_details.cached_tokens == alone.usage.prompt_tokens - 1
+    streamed = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        n=3,
+        max_tokens=12,
+        seed=7,
+        stream=True,
+        temperature=2.0,
+        extra_body={"sampler": "temperature", "repetition_penalty": 50.0},
+    )
+    got = ["", "", ""]
+    for chunk in streamed:
+        for c in chunk.choices:
+            got[c.index] += c.delta.content or ""
+    assert got == texts
+
+
+def test_n_choices_of_deliberate_are_its_candidates_chosen_first(port):
+    body = {"messages": MESSAGES, "n": 3, "max_tokens": 16, "sampler": "deliberate"}
+    status, out = post(port, body)
+    assert status == 200, out
+    choices = out["choices"]
+    assert [c["index"] for c in choices] == list(range(len(choices))) and 2 <= len(choices) <= 3
+    rows = [c["entropix_candidate"] for c in choices]
+    assert all({"answer", "confidence", "score", "ended"} <= set(r) for r in rows)
+    assert len({c["message"]["content"] for c in choices}) == len(choices)
+    alone = post(port, {**body, "n": 1})[1]["choices"]
+    assert alone[0]["message"]["content"] == choices[0]["message"]["content"]
+
+
+def test_n_above_the_batch_is_a_400(port):
+    status, out = post(port, {"messages": MESSAGES, "n": 9})
+    assert status == 400 and out["error"]["param"] == "n"

@@ -31,32 +31,9 @@ from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, parse
 from .strategies import page_info
+from .transport import MAX_BODY, error_response, read_body, relay, sse
 
 STATIC = resources.files("entropix_mlx.server") / "static"
-MAX_BODY = 1_000_000  # bytes; a long chat history is far below this
-
-
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it passes `limit` (whether or not
-    the client sent a Content-Length), so an oversized upload is never buffered."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"the request body is {length} bytes; the limit is {limit}", None, code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", None, code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def sse(data) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
 class Server:
@@ -88,8 +65,10 @@ class Server:
                 code="model_not_found",
             )
 
-    def _prepare(self, p, chat: bool) -> tuple[Job, list[str]]:
-        """Runs in a worker thread of Starlette's pool (tokenizing takes time)."""
+    def _prepare(self, p, chat: bool) -> tuple[list[Job], list[str]]:
+        """Runs in a worker thread of Starlette's pool (tokenizing takes time). One
+        job per choice (seeds seed, seed + 1, ...), sharing one prefill of the
+        prompt; one job for a sampler whose candidates are the choices (deliberate)."""
         engine, loaded = self.engine, self.engine.loaded
         with engine.tokenizer_lock:
             try:
@@ -104,11 +83,21 @@ class Server:
             if p.reasoning and not reasoning:
                 warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning profile")
             seed = p.seed if p.seed is not None else random_seed()
+            rows = 1 if choice.spec.whole_answers else p.n
             # Every sampler, greedy and deliberate included: penalties change the logits, not the sampling.
             try:
-                prepared = loaded.prepare(
-                    ids, choice, p.max_tokens, seed, p.penalties, reasoning=reasoning, json_schema=p.json_schema
-                )
+                prepared = [
+                    loaded.prepare(
+                        ids,
+                        choice,
+                        p.max_tokens,
+                        (seed + i) % 2**63,
+                        p.penalties,
+                        reasoning=reasoning,
+                        json_schema=p.json_schema,
+                    )
+                    for i in range(rows)
+                ]
             except ContextOverflowError as e:
                 where = "messages" if chat else "prompt"
                 raise APIError(400, str(e), where, code="context_length_exceeded") from None
@@ -117,26 +106,30 @@ class Server:
                 raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
-        if prepared.clamped:
+        if prepared[0].clamped:
             warnings.append(
-                f"max_tokens {p.max_tokens} clamped to {prepared.room}: the prompt's {len(ids)} tokens "
+                f"max_tokens {p.max_tokens} clamped to {prepared[0].room}: the prompt's {len(ids)} tokens "
                 f"leave that much of the {engine.context}-token context"
             )
         recipe = {"sampler": choice.name, "overrides": choice.params, "penalties": p.penalties, "reasoning": reasoning}
         if p.json_schema is not None:
             recipe["json_schema"] = p.json_schema
-        job = Job(
-            ids,
-            prepared.sampler,
-            prepared.max_tokens,
-            seed,
-            p.logprobs,
-            p.top_logprobs,
-            p.stop,
-            prepared.penalties,
-            recipe=recipe,
-        )
-        return job, warnings
+        jobs = [
+            Job(
+                ids,
+                one.sampler,
+                one.max_tokens,
+                one.seed,
+                p.logprobs,
+                p.top_logprobs,
+                p.stop,
+                one.penalties,
+                recipe=recipe,
+                shared_prefill=rows > 1,
+            )
+            for one in prepared
+        ]
+        return jobs, warnings
 
     # -- endpoints -------------------------------------------------------
 
@@ -155,35 +148,39 @@ class Server:
                 raise APIError(400, f"the request body is not valid JSON ({e})", None, code="invalid_json") from None
             p = parse(body, chat, SAMPLER_NAMES)
             self._check_model(p.model)
-            job, warnings = await run_in_threadpool(self._prepare, p, chat)
+            jobs, warnings = await run_in_threadpool(self._prepare, p, chat)
         except APIError as e:
             return error_response(e)
-        answer = Answer("chat" if chat else "completion", self.engine.name, job.seed, warnings)
-        answer.structured = p.json_schema is not None
-        self.engine.submit(job)
+        kind = "chat" if chat else "completion"
+        answers = [Answer(kind, self.engine.name, job.seed, warnings, index=i) for i, job in enumerate(jobs)]
+        for answer in answers:
+            answer.structured = p.json_schema is not None
+        events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
             return StreamingResponse(
-                self._stream(job, answer, p),
+                self._stream(jobs, answers, events, p),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
             )
         try:
-            await self._collect(request, job, answer)
+            await self._collect(request, answers, events, p.n)
         except APIError as e:
             return error_response(e)
         finally:
-            job.cancelled = True  # the job is over; if the client left, this stops it
-        if answer.finish_reason is None:  # the client disconnected; nobody reads this
+            for job in jobs:
+                job.cancelled = True  # the job is over; if the client left, this stops it
+        if any(a.finish_reason is None for a in answers):  # the client disconnected; nobody reads this
             return JSONResponse({}, status_code=499)
-        return JSONResponse(answer.whole(p.logprobs), headers=headers)
+        return JSONResponse(answers[0].whole(p.logprobs, answers[1:]), headers=headers)
 
-    async def _next(self, request: Request | None, job: Job):
-        """The worker's next event; None when the client has gone (non-streamed
-        requests poll for it: nothing else would notice before the answer ends)."""
+    async def _next(self, request: Request | None, events: asyncio.Queue):
+        """The workers' next (choice, event); None when the client has gone
+        (non-streamed requests poll for it: nothing else would notice before the
+        answer ends)."""
         while True:
             try:
-                return await asyncio.wait_for(job.events.get(), timeout=0.5)
+                return await asyncio.wait_for(events.get(), timeout=0.5)
             except TimeoutError:
                 if request is not None and await request.is_disconnected():
                     return None
@@ -203,38 +200,51 @@ class Server:
                 answer.logprobs.append(entry)
             return text, [rec], [entry] if entry is not None else None
         if kind == "end":
-            _, finish, tail, _summary = event
+            _, finish, tail, summary = event
             answer.text += tail
             answer.finish_reason = finish if finish != "cancelled" else "stop"
             return tail, [], None
         raise APIError(500, event[1], None, type="server_error", code="generation_failed")
 
-    async def _collect(self, request, job, answer):
-        while answer.finish_reason is None:
-            event = await self._next(request, job)
-            if event is None:
-                return
-            self._apply(answer, event)
+    def _candidates(self, answers: list, event, n: int) -> None:
+        """Deliberate asked for n choices: its other candidates join `answers`."""
+        deliberation = getattr(event[3], "deliberation", None) if event[0] == "end" else None
+        if n > 1 and len(answers) == 1 and deliberation is not None:
+            with self.engine.tokenizer_lock:
+                answers += answers[0].candidates(deliberation, self.engine.tokenizer, n)
 
-    async def _stream(self, job: Job, answer: Answer, p):
-        # Starlette closes this generator when the client disconnects; `finally` then cancels the job.
+    async def _collect(self, request, answers: list, events, n: int):
+        while any(a.finish_reason is None for a in answers):
+            got = await self._next(request, events)
+            if got is None:
+                return
+            index, event = got
+            self._apply(answers[index], event)
+            self._candidates(answers, event, n)
+
+    async def _stream(self, jobs: list, answers: list, events, p):
+        # Starlette closes this generator when the client disconnects; `finally` then cancels the jobs.
         try:
-            if answer.kind == "chat":
-                yield sse(answer.first_chunk())
-            text, records, entries = "", [], []
-            while answer.finish_reason is None:
+            if answers[0].kind == "chat":
+                for answer in answers:
+                    yield sse(answer.first_chunk())
+            pending = [("", [], []) for _ in answers]
+            while any(a.finish_reason is None for a in answers):
                 try:
-                    out = self._apply(answer, await self._next(None, job))
+                    index, event = await self._next(None, events)
+                    answer = answers[index]
+                    out = self._apply(answer, event)
                 except APIError as e:
                     yield sse(e.body())
                     break
                 if out is None:
                     continue
-                text += out[0]
-                records += out[1]
-                entries += out[2] or []
+                text, records, entries = (
+                    x + y for x, y in zip(pending[index], (out[0], out[1], out[2] or []), strict=True)
+                )
                 # Text held back (a possible stop string, an unfinished UTF-8
                 # character) travels with the token that completes it.
+                pending[index] = ("", [], [])
                 if text or answer.finish_reason is not None:
                     last = answer.finish_reason is not None
                     yield sse(
@@ -242,12 +252,21 @@ class Server:
                             text, records, entries if p.logprobs else None, answer.finish_reason if last else None
                         )
                     )
-                    text, records, entries = "", [], []
-            if p.include_usage and answer.finish_reason is not None:
-                yield sse(answer.usage_chunk())
+                else:
+                    pending[index] = (text, records, entries)
+                before = len(answers)
+                self._candidates(answers, event, p.n)
+                for other in answers[before:]:  # deliberate's other candidates, whole
+                    yield sse(other.chunk(other.text, [], None, other.finish_reason))
+            if p.include_usage and all(a.finish_reason is not None for a in answers):
+                usage = answers[0].whole(False, answers[1:])["usage"]
+                chunk = answers[0].usage_chunk()
+                chunk["usage"] = usage
+                yield sse(chunk)
             yield "data: [DONE]\n\n"
         finally:
-            job.cancelled = True
+            for job in jobs:
+                job.cancelled = True
 
     async def models(self, request: Request):
         return JSONResponse(

@@ -21,7 +21,7 @@ import mlx.core as mx
 from ..decode.engine import BatchEngine
 from ..decode.events import TextStream, TokenEvent
 from ..decode.rows import Request
-from ..model.cache import KVCache
+from ..model.cache import KVCache, make_cache
 from ..sampling.recorder import recording
 from .responses import chat_logprob, record
 from .stops import StopScanner
@@ -60,10 +60,24 @@ class BatchRunner:
         return self.batch.has_room
 
     def add(self, job):
+        if job.shared_prefill:
+            self._prefill(job.ids)
         cache, cached = self.engine.prefix_cache.take(job.ids)
         slot = _Slot(next(self._numbers), job, self.engine.tokenizer, cache, cached)
         self.slots[slot.number] = slot
         self.batch.add(slot.number, slot.request, slot.sampler, cache, cached)
+
+    def _prefill(self, ids: list[int]) -> None:
+        """The prompt of a request's several choices, run once into the prefix cache
+        (all but its last token: each choice's row runs that one for its logits)."""
+        cache, cached = self.engine.prefix_cache.take(ids)
+        if cached >= len(ids) - 1:
+            return
+        if cache is None:
+            cache = make_cache(self.engine.model)
+        self.engine.model(mx.array([ids[cached:-1]]), cache, last_only=True)
+        mx.eval([(c.keys, c.values) for c in cache])
+        self.engine.prefix_cache.put(ids[:-1], cache)
 
     def digest(self) -> list:
         """Each running row's length and last token: the ranks of a launch compare

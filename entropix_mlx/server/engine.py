@@ -37,6 +37,9 @@ class Job:
     stop: list[str] = field(default_factory=list)
     penalties: object = None  # sampling/penalties.py, bound to this prompt (None: off)
     cancelled: bool = False
+    # One of a request's several choices: its prompt is run once for all of them
+    # (the first to join puts it in the prefix cache, the others start from there).
+    shared_prefill: bool = False
     # How the sampler and penalties were asked for (name, overrides, penalties):
     # what the other ranks rebuild them from under a launcher (lockstep.py).
     recipe: dict | None = None
@@ -221,7 +224,7 @@ def job_recipe(job: Job) -> dict | None:
     """What another rank needs to run `job` as this one does (None: one process)."""
     if job.recipe is None:
         return None
-    fields = ("ids", "max_tokens", "seed", "logprobs", "top_logprobs", "stop")
+    fields = ("ids", "max_tokens", "seed", "logprobs", "top_logprobs", "stop", "shared_prefill")
     return {**job.recipe, **{name: getattr(job, name) for name in fields}}
 
 

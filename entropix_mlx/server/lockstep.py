@@ -72,6 +72,7 @@ def rebuild(engine: Engine, recipe: dict) -> Job:
         recipe["top_logprobs"],
         recipe["stop"],
         prepared.penalties,
+        shared_prefill=recipe.get("shared_prefill", False),
     )
 
 

@@ -32,14 +32,15 @@ class Answer:
     """What a request has produced so far, in both the streamed and the whole
     form: text, token records, logprobs, usage."""
 
-    def __init__(self, kind: str, model: str, seed: int, warnings: list[str]):
-        self.kind, self.model, self.seed, self.warnings = kind, model, seed, warnings
+    def __init__(self, kind: str, model: str, seed: int, warnings: list[str], index: int = 0):
+        self.kind, self.model, self.seed, self.warnings, self.index = kind, model, seed, warnings, index
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.text, self.records, self.logprobs = "", [], []
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.finish_reason = None
         self.structured = False  # held to a JSON schema: the end names each value's confidence
+        self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
 
     @property
     def usage(self) -> dict:
@@ -65,7 +66,7 @@ class Answer:
         }
 
     def _choice(self, text: str, records: list, logprobs: list | None, finish, delta: bool) -> dict:
-        choice = {"index": 0}
+        choice = {"index": self.index}
         if self.kind == "chat" and delta:
             choice["delta"] = {"content": text} if text else {}
         elif self.kind == "chat":
@@ -77,6 +78,8 @@ class Answer:
         choice["entropix"] = records
         if self.structured and finish is not None:
             choice["entropix_fields"] = self.fields()
+        if self.candidate is not None:
+            choice["entropix_candidate"] = self.candidate
         return choice
 
     def fields(self) -> list[dict]:
@@ -104,7 +107,7 @@ class Answer:
         out = self._envelope(True)
         out["choices"] = [
             {
-                "index": 0,
+                "index": self.index,
                 "delta": {"role": "assistant", "content": ""},
                 "logprobs": None,
                 "finish_reason": None,
@@ -119,12 +122,34 @@ class Answer:
         out["choices"], out["usage"] = [], self.usage
         return out
 
-    def whole(self, want_logprobs: bool) -> dict:
+    def whole(self, want_logprobs: bool, others: list | None = None) -> dict:
+        """The response; `others`: the answers of the request's other choices."""
+        answers = [self, *(others or [])]
         out = self._envelope(False)
         out["choices"] = [
-            self._choice(
-                self.text, self.records, self.logprobs if want_logprobs else None, self.finish_reason, delta=False
-            )
+            a._choice(a.text, a.records, a.logprobs if want_logprobs else None, a.finish_reason, delta=False)
+            for a in answers
         ]
-        out["usage"], out["seed"], out["warnings"] = self.usage, self.seed, self.warnings
+        usage = self.usage
+        usage["completion_tokens"] = sum(a.completion_tokens for a in answers)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        out["usage"], out["seed"], out["warnings"] = usage, self.seed, self.warnings
+        return out
+
+    def candidates(self, deliberation: dict, tokenizer, n: int) -> list["Answer"]:
+        """Deliberate's other candidates (its `Deliberation.to_dict()`) as choices 1 to
+        n - 1: the chosen answer is this one (choice 0), the rest follow by their
+        score, then their confidence."""
+        rows = list(zip(deliberation["candidates"], deliberation["table"], strict=True))
+        self.candidate = rows[deliberation["chosen"]][1]
+        rest = [r for i, r in enumerate(rows) if i != deliberation["chosen"]]
+        rest.sort(key=lambda r: (r[1]["score"] is None, -(r[1]["score"] or 0), -r[1]["confidence"]))
+        out = []
+        for i, (c, row) in enumerate(rest[: n - 1], 1):
+            other = Answer(self.kind, self.model, self.seed, self.warnings, index=i)
+            other.text = tokenizer.decode(c["tokens"])
+            other.completion_tokens = c["own_tokens"]
+            other.finish_reason = {"eos": "stop"}.get(c["finish_reason"], "length")
+            other.candidate = row
+            out.append(other)
         return out

@@ -13,6 +13,7 @@ from ..sampling.parameters import PARAMETERS
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat
+MAX_CHOICES = 8  # the batch's rows
 
 
 class APIError(Exception):
@@ -52,6 +53,7 @@ class Params:
     model: str | None = None
     reasoning: bool = False  # entropix's reasoning profile (sampling/config.py)
     json_schema: dict | bool | None = None  # response_format's schema (None: plain text)
+    n: int = 1  # choices
 
 
 def _is_int(v) -> bool:
@@ -209,8 +211,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     p.sampler = sampler
     p.reasoning = _boolean(body, "reasoning")
     p.json_schema = _response_format(body)
-    n = _integer(body, "n", 1, 1)
-    del n  # only one choice per request; n = 1 is accepted for clients that always send it
+    p.n = _integer(body, "n", 1, MAX_CHOICES) or 1
     limit = _integer(body, "max_completion_tokens", 1)
     p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)
     p.seed = _integer(body, "seed", 0, 2**63 - 1)
