@@ -92,7 +92,9 @@ def test_a_request_asks_for_the_profile():
         assert job.recipe["reasoning"] is True  # a follower rank rebuilds the same sampler
         (job,), _ = server._prepare(parse(body, True, SAMPLER_NAMES), chat=True)
         assert job.sampler.config == resolve_config("tiny")[0]  # not asked: the card's settings
-        (job,), notes = server._prepare(parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True)
+        (job,), notes = server._prepare(
+            parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True
+        )
         assert notes == ["reasoning ignored: the greedy sampler has no reasoning profile"]
         with pytest.raises(APIError) as e:
             parse({**body, "reasoning": "yes"}, True, SAMPLER_NAMES)
