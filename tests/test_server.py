@@ -155,6 +155,23 @@ def test_two_turns_reuse_the_prompt_cache(client):
     assert r1.usage.prompt_tokens <= cached < r2.usage.prompt_tokens
 
 
+def test_the_sdks_parse_gives_an_object_on_the_bundled_model_and_n_gives_three(client):
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    ask = [{"role": "user", "content": "Name one city in France, as JSON."}]
+    for sampler in ("entropix", "deliberate"):
+        out = client.chat.completions.parse(
+            model=MODEL, messages=ask, response_format=City, max_tokens=64, extra_body={"sampler": sampler}
+        )
+        assert isinstance(out.choices[0].message.parsed, City), sampler
+    three = client.chat.completions.create(model=MODEL, messages=ask, n=3, max_tokens=6, seed=1, temperature=1.0)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+
+
 def test_completions_endpoint(client):
     r = client.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=4, logprobs=2, extra_body={"sampler": "greedy"}

@@ -14,7 +14,7 @@ def _has_special_text(tokenizer, text: str) -> bool:
     return any(t.special and t.content in text for t in tokenizer.added_tokens_decoder.values())
 
 
-def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools=None) -> list[int]:
     """The chat template's token ids for `messages`.
 
     When no message contains special-token text this is exactly
@@ -29,10 +29,13 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     if getattr(tokenizer, "chat_template", None) is None:
         text = "\n\n".join(m.get("content", "") for m in messages) + ("\n" if add_generation_prompt else "")
         return list(tokenizer.encode(text, split_special_tokens=True))
-    if not any(_has_special_text(tokenizer, m.get("content", "")) for m in messages):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+    extra = {"tools": tools} if tools else {}  # (a template that renders OpenAI's tools itself)
+    if not any(_has_special_text(tokenizer, m.get("content") or "") for m in messages):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))
     stand_ins = [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(stand_ins, tokenize=False, add_generation_prompt=add_generation_prompt)
+    rendered = tokenizer.apply_chat_template(
+        stand_ins, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
     ids, last = [], 0
     for match in _SENTINEL.finditer(rendered):
         ids += tokenizer.encode(rendered[last : match.start()], add_special_tokens=False)

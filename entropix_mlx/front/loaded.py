@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ..decode.generate import generate
 from ..decode.prompt import encode_chat, encode_raw
+from ..decode.tools import knows_tools, template_messages
 from ..errors import ConfigError, ContextOverflowError
 from ..model.loading import ModelSource
 from ..sampling.cards import CardDocument
-from ..sampling.constraint import Chain, Constraint, grammar_tokenizer, json_grammar
+from ..sampling.constraint import Chain, Constraint, grammar_tokenizer, json_grammar, lark_grammar
 from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
@@ -110,12 +111,16 @@ class LoadedModel:
         """Sampler `name` with this model's card (see `registry.build`)."""
         return build(name, self.tokenizer, self.card.ref, config, reasoning, **overrides)
 
-    def encode(self, messages: list[dict] | None = None, text: str | None = None) -> list[int]:
-        """Token ids of chat `messages` (the model's chat template) or of `text` as is."""
+    def encode(self, messages: list[dict] | None = None, text: str | None = None, tools=None) -> list[int]:
+        """Token ids of chat `messages` (the model's chat template, with OpenAI's
+        `tools` if given: decode/tools.py) or of `text` as is."""
         if messages is None:
             return encode_raw(self.tokenizer, text)
+        knows = knows_tools(self.tokenizer)
+        if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            messages = template_messages(messages, tools, knows)
         try:
-            return encode_chat(self.tokenizer, messages)
+            return encode_chat(self.tokenizer, messages, tools=tools if knows else None)
         except ValueError as e:  # transformers: no chat template
             raise ConfigError(f"this model has no chat template ({e})") from None
 
@@ -129,6 +134,7 @@ class LoadedModel:
         config=None,
         reasoning: bool = False,
         json_schema=None,
+        grammar: str | None = None,
         **settings,
     ) -> Prepared:
         """The request for prompt `ids`: the chosen sampler with the card's settings
@@ -136,7 +142,7 @@ class LoadedModel:
         `k`), or a sampler already made; the answer kept within the context (None:
         all the context leaves); the penalties (presence, frequency, repetition)
         over the prompt too; with `json_schema`, answers held to it (SchemaError
-        for one the grammar engine cannot hold)."""
+        for one the grammar engine cannot hold), or with `grammar` (llguidance's Lark)."""
         room = self.context - len(ids)
         if room <= 0:
             raise ContextOverflowError(
@@ -149,8 +155,8 @@ class LoadedModel:
             sampler, notes = choice, ()
         limit = room if max_tokens is None else min(max_tokens, room)
         processor = make_penalties(**(penalties or {}), prompt=ids)
-        if json_schema is not None:
-            constraint = self.constraint(json_schema)
+        if json_schema is not None or grammar is not None:
+            constraint = self.constraint(json_schema, grammar)
             processor = constraint if processor is None else Chain(processor, constraint)
         return Prepared(
             list(ids),
@@ -168,10 +174,12 @@ class LoadedModel:
         """The grammar engine's view of the tokenizer, made on the first constrained request."""
         return grammar_tokenizer(self.tokenizer._tokenizer, self.model.args.vocab_size, self.tokenizer.eos_token_ids)
 
-    def constraint(self, json_schema) -> Constraint:
-        """Answers held to `json_schema` (a dict; {"type": "object"}: any JSON object)."""
-        grammar = json_grammar(json_schema, self.grammar_tokenizer)
-        return Constraint(grammar, self.grammar_tokenizer, self.model.args.vocab_size)
+    def constraint(self, json_schema=None, lark: str | None = None) -> Constraint:
+        """Answers held to `json_schema` (a dict; {"type": "object"}: any JSON
+        object), or to the grammar `lark` (llguidance's Lark)."""
+        tokenizer = self.grammar_tokenizer
+        grammar = lark_grammar(lark, tokenizer) if lark is not None else json_grammar(json_schema, tokenizer)
+        return Constraint(grammar, tokenizer, self.model.args.vocab_size)
 
     def penalties(self, presence=None, frequency=None, repetition=None, prompt=()):
         """The penalties asked for over `prompt` (None: off): for a caller that

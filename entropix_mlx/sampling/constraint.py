@@ -97,6 +97,16 @@ def json_grammar(schema, tokenizer: LLTokenizer) -> str:
     return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
 
 
+def lark_grammar(lark: str, tokenizer: LLTokenizer) -> str:
+    """A grammar in llguidance's Lark (where `%json {schema}` holds a part to a
+    JSON schema), checked. Raises SchemaError."""
+    grammar = LLMatcher.grammar_from_lark(lark)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if failed:
+        raise SchemaError("", messages[0] if messages else "the grammar engine refused it")
+    return grammar
+
+
 @dataclass
 class Constraint:
     """The tokens `grammar` allows after each answer, as a logits processor."""

@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..decode.tools import call_grammar
 from ..errors import ConfigError, ContextOverflowError
 from ..front import SAMPLER_NAMES, choose
 from ..sampling.config import THRESHOLDS, resolve_config
@@ -72,7 +73,7 @@ class Server:
         engine, loaded = self.engine, self.engine.loaded
         with engine.tokenizer_lock:
             try:
-                ids = loaded.encode(p.messages) if chat else loaded.encode(text=p.prompt)
+                ids = loaded.encode(p.messages, tools=p.tools) if chat else loaded.encode(text=p.prompt)
             except ConfigError as e:  # no chat template
                 raise APIError(400, f"{e}; use /v1/completions", "messages") from None
             # Front-ends send temperature and the like on every request: samplers
@@ -84,6 +85,8 @@ class Server:
                 warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning profile")
             seed = p.seed if p.seed is not None else random_seed()
             rows = 1 if choice.spec.whole_answers else p.n
+            # A call required, or one tool named: the answer is that call, its arguments the tool's.
+            grammar = call_grammar(p.tools, None if p.tool_call == "required" else p.tool_call) if p.tool_call else None
             # Every sampler, greedy and deliberate included: penalties change the logits, not the sampling.
             try:
                 prepared = [
@@ -95,6 +98,7 @@ class Server:
                         p.penalties,
                         reasoning=reasoning,
                         json_schema=p.json_schema,
+                        grammar=grammar,
                     )
                     for i in range(rows)
                 ]
@@ -102,7 +106,7 @@ class Server:
                 where = "messages" if chat else "prompt"
                 raise APIError(400, str(e), where, code="context_length_exceeded") from None
             except SchemaError as e:
-                where = "response_format.json_schema.schema" + (e.path.replace("/", ".") if e.path else "")
+                where = "tools" if grammar else "response_format.json_schema.schema" + e.path.replace("/", ".")
                 raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
@@ -114,6 +118,8 @@ class Server:
         recipe = {"sampler": choice.name, "overrides": choice.params, "penalties": p.penalties, "reasoning": reasoning}
         if p.json_schema is not None:
             recipe["json_schema"] = p.json_schema
+        if grammar is not None:
+            recipe["grammar"] = grammar
         jobs = [
             Job(
                 ids,
@@ -154,7 +160,7 @@ class Server:
         kind = "chat" if chat else "completion"
         answers = [Answer(kind, self.engine.name, job.seed, warnings, index=i) for i, job in enumerate(jobs)]
         for answer in answers:
-            answer.structured = p.json_schema is not None
+            answer.structured, answer.tools = p.json_schema is not None, p.tools is not None
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
@@ -242,6 +248,8 @@ class Server:
                 text, records, entries = (
                     x + y for x, y in zip(pending[index], (out[0], out[1], out[2] or []), strict=True)
                 )
+                if answer.tools:  # a tool call's text is never streamed as content
+                    text = answer.content_delta()
                 # Text held back (a possible stop string, an unfinished UTF-8
                 # character) travels with the token that completes it.
                 pending[index] = ("", [], [])

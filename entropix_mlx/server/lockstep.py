@@ -62,6 +62,7 @@ def rebuild(engine: Engine, recipe: dict) -> Job:
         recipe["penalties"],
         reasoning=recipe.get("reasoning", False),
         json_schema=recipe.get("json_schema"),
+        grammar=recipe.get("grammar"),
     )
     return Job(
         recipe["ids"],

@@ -10,6 +10,7 @@ import uuid
 
 from ..decode.events import plain
 from ..decode.fields import json_fields
+from ..decode.tools import CALL_OPEN, parse_calls
 
 
 def record(event) -> dict:
@@ -41,6 +42,8 @@ class Answer:
         self.finish_reason = None
         self.structured = False  # held to a JSON schema: the end names each value's confidence
         self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
+        self.tools = False  # told of tools: its calls are read from the answer's end
+        self._streamed = 0  # characters of `text` streamed as content (tools: never a call's)
 
     @property
     def usage(self) -> dict:
@@ -65,12 +68,35 @@ class Answer:
             "text_offset": offsets,
         }
 
+    def content_delta(self) -> str:
+        """The text not streamed yet that is surely no part of a tool call: up to a
+        call's opening, less an end that may begin one."""
+        limit = len(self.text)
+        at = self.text.find(CALL_OPEN)
+        if at >= 0:
+            limit = at
+        elif self.finish_reason is None:
+            limit -= next((k for k in range(len(CALL_OPEN) - 1, 0, -1) if self.text.endswith(CALL_OPEN[:k])), 0)
+        out = self.text[self._streamed : max(limit, self._streamed)]
+        self._streamed = max(limit, self._streamed)
+        return out
+
     def _choice(self, text: str, records: list, logprobs: list | None, finish, delta: bool) -> dict:
         choice = {"index": self.index}
+        calls = []
+        if self.tools and finish is not None:
+            content, calls = parse_calls(self.text)
+            if calls:
+                finish = "tool_calls"
+                text = text if delta else content
         if self.kind == "chat" and delta:
             choice["delta"] = {"content": text} if text else {}
+            if calls:
+                choice["delta"]["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
         elif self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": (text or None) if calls else text}
+            if calls:
+                choice["message"]["tool_calls"] = calls
         else:
             choice["text"] = text
         choice["logprobs"] = self._logprobs_field(logprobs) if logprobs is not None else None

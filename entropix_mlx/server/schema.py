@@ -5,6 +5,7 @@ value raises `APIError`, which the app sends as OpenAI's error object (400,
 `param` naming the field). Fields we do not know are ignored, as OpenAI does.
 """
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ class Params:
     reasoning: bool = False  # entropix's reasoning profile (sampling/config.py)
     json_schema: dict | bool | None = None  # response_format's schema (None: plain text)
     n: int = 1  # choices
+    tools: list | None = None  # the tools the model is told of (None: none, or tool_choice "none")
+    tool_call: str | None = None  # "required", a tool's name (that call only), None: the model decides
 
 
 def _is_int(v) -> bool:
@@ -134,12 +137,70 @@ def _messages(body) -> list[dict]:
         role = m.get("role")
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise bad(f"messages[{i}].role", f"role must be system, user or assistant, got {role!r}")
-        out.append({"role": role, "content": _content(m, i)})
+        if role not in ("system", "user", "assistant", "tool"):
+            raise bad(f"messages[{i}].role", f"role must be system, user, assistant or tool, got {role!r}")
+        message = {"role": role, "content": _content(m, i)}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            message["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if role == "tool":
+            message["tool_call_id"] = m.get("tool_call_id")
+        out.append(message)
     if out[-1]["role"] == "assistant":
         raise bad("messages", "the last message must not be the assistant's: there is nothing to answer")
     return out
+
+
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's earlier calls, as OpenAI sends them back."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad(where, "'tool_calls' must be a list of {id, type, function: {name, arguments}} objects")
+    out = []
+    for j, c in enumerate(calls):
+        function = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad(f"{where}[{j}]", "each call needs a 'function' with a 'name'")
+        arguments = function.get("arguments", "{}")
+        try:
+            json.loads(arguments) if isinstance(arguments, str) else None
+        except json.JSONDecodeError:
+            raise bad(f"{where}[{j}].function.arguments", "'arguments' must be a JSON object as a string") from None
+        if not isinstance(arguments, (str, dict)):
+            raise bad(f"{where}[{j}].function.arguments", "'arguments' must be a JSON object as a string")
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        out.append(
+            {"id": c.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        )
+    return out
+
+
+def _tools(body) -> tuple[list[dict] | None, str | None]:
+    """(the tools, the call asked for: None for "auto", "none", "required" or a
+    tool's name)."""
+    tools = body.get("tools")
+    if tools is None:
+        return None, None
+    if not isinstance(tools, list):
+        raise bad("tools", "'tools' must be a list of {type: function, function: {name, description, parameters}}")
+    out = []
+    for i, t in enumerate(tools):
+        function = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad(f"tools[{i}]", "each tool must be {type: function, function: {name, ...}} with a name")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise bad(f"tools[{i}].function.parameters", "a tool's parameters must be a JSON schema of an object")
+        out.append({"type": "function", "function": {**function, "parameters": parameters}})
+    choice = body.get("tool_choice", "auto")
+    names = [t["function"]["name"] for t in out]
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if name not in names:
+            raise bad("tool_choice", f"'tool_choice' names no tool of the request: {json.dumps(choice)[:80]}")
+        return out, name
+    if choice not in ("auto", "none", "required"):
+        raise bad("tool_choice", f"'tool_choice' must be auto, none, required or a function, got {choice!r}")
+    return (None if choice == "none" else out), (choice if choice == "required" else None)
 
 
 def _prompt(body) -> str:
@@ -211,6 +272,10 @@ def parse(body, chat: bool, sampler_names) -> Params:
     p.sampler = sampler
     p.reasoning = _boolean(body, "reasoning")
     p.json_schema = _response_format(body)
+    if chat:
+        p.tools, p.tool_call = _tools(body)
+        if p.tool_call and p.json_schema is not None:
+            raise bad("tool_choice", "a required tool call and a response_format both hold the answer: ask for one")
     p.n = _integer(body, "n", 1, MAX_CHOICES) or 1
     limit = _integer(body, "max_completion_tokens", 1)
     p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)

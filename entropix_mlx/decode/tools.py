@@ -1,0 +1,136 @@
+"""Tool calls: the tools rendered through the model's chat template, the calls
+read back from the answer.
+
+A call is written as Qwen 2.5's and Hermes' templates write it (mlx-lm's
+`json_tools` format): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+A template that knows no tools (the bundled model's) gets them described in a
+system message that asks for that same format; a tool's result then comes back
+to it as a user message. When a call is required, or one tool is named, the
+answer is held to a grammar of exactly such a call, its arguments to the tool's
+parameter schema (`call_grammar`)."""
+
+import json
+import uuid
+
+from ..sampling.constraint import JSON_LAYOUT
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def knows_tools(tokenizer) -> bool:
+    """Whether the model's chat template renders tools itself."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template and CALL_OPEN in template
+
+
+def _described(tools: list[dict]) -> str:
+    lines = [
+        "You can call functions. To call one, reply with nothing but:",
+        f'{CALL_OPEN}\n{{"name": "<function name>", "arguments": {{<its arguments as JSON>}}}}\n{CALL_CLOSE}',
+        "The functions, as JSON schemas:",
+    ]
+    return "\n".join(lines + [json.dumps(t["function"], ensure_ascii=False) for t in tools])
+
+
+def _call_text(call: dict) -> str:
+    function = call["function"]
+    arguments = json.loads(function["arguments"]) if isinstance(function["arguments"], str) else function["arguments"]
+    return f"{CALL_OPEN}\n{json.dumps({'name': function['name'], 'arguments': arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
+
+
+def template_messages(messages: list[dict], tools: list[dict] | None, knows: bool) -> list[dict]:
+    """`messages` (OpenAI's: assistant `tool_calls`, `tool` results) as the chat
+    template takes them: with a template that knows tools, each call's arguments
+    as an object; without one, the tools in the system message, calls as their
+    text, results as user messages."""
+    if knows:
+        out = []
+        for m in messages:
+            if m.get("tool_calls"):
+                calls = [
+                    {
+                        "type": "function",
+                        "id": c.get("id"),
+                        "function": {
+                            "name": c["function"]["name"],
+                            "arguments": json.loads(c["function"]["arguments"]),
+                        },
+                    }
+                    for c in m["tool_calls"]
+                ]
+                m = {**m, "tool_calls": calls}
+            out.append(m)
+        return out
+    names = {c.get("id"): c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
+    out = []
+    for m in messages:
+        if m["role"] == "tool":
+            name = names.get(m.get("tool_call_id"), "the function")
+            out.append({"role": "user", "content": f"Result of {name}: {m['content']}"})
+        elif m.get("tool_calls"):
+            text = "\n".join(_call_text(c) for c in m["tool_calls"])
+            out.append({"role": "assistant", "content": ((m.get("content") or "") + "\n" + text).strip()})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    if tools:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + _described(tools)}
+        else:
+            out.insert(0, {"role": "system", "content": _described(tools)})
+    return out
+
+
+def parse_calls(text: str) -> tuple[str, list[dict]]:
+    """(the text before the first call, OpenAI's `tool_calls`) of an answer. A call
+    whose JSON does not parse, or that names no function, stays in the text."""
+    content, calls, at = text, [], text.find(CALL_OPEN)
+    if at < 0:
+        return text, []
+    content, rest = text[:at], text[at:]
+    while rest.startswith(CALL_OPEN):
+        end = rest.find(CALL_CLOSE)
+        body = rest[len(CALL_OPEN) : end if end >= 0 else len(rest)]
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        arguments = call.get("arguments", {})
+        calls.append(
+            {
+                "id": "call_" + uuid.uuid4().hex[:24],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
+            }
+        )
+        rest = rest[end + len(CALL_CLOSE) :].lstrip() if end >= 0 else ""
+    return content.rstrip(), calls
+
+
+def call_schema(tools: list[dict], name: str | None = None) -> dict:
+    """The JSON schema of one call: of the tool `name`, else of any of `tools`."""
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": f.get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in chosen
+    ]
+    return (
+        {**options[0], "x-guidance": JSON_LAYOUT}
+        if len(options) == 1
+        else {"anyOf": options, "x-guidance": JSON_LAYOUT}
+    )
+
+
+def call_grammar(tools: list[dict], name: str | None = None) -> str:
+    """A grammar (llguidance's Lark) of exactly one call, in the template's layout."""
+    schema = json.dumps(call_schema(tools, name))
+    return f'start: "{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"\ncall: %json {schema}\n'

@@ -1,0 +1,176 @@
+"""Tool calls through the server, with the official `openai` SDK, on a tiny
+random-weight model whose template knows no tools (the bundled model's case):
+the tools described in a system message, a required or named call held to the
+tool's parameters, its result taken back, streamed and whole."""
+
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
+from serving import free_port, request
+
+from entropix_mlx.decode.tools import CALL_OPEN, parse_calls, template_messages
+from entropix_mlx.server import Engine, PrefixCache
+from entropix_mlx.server.app import create_app
+
+pytestmark = pytest.mark.slow  # a real HTTP server (uvicorn on a port)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client():
+    from openai import OpenAI
+
+    model = make_tiny_model(5, max_position_embeddings=4096)  # (a byte per token: the tools take room)
+    engine = Engine(make_loaded(model, make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 8192))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0), port
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def check_call(call, name="get_weather"):
+    assert call.type == "function" and call.function.name == name and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    if name == "get_weather":
+        assert set(arguments) == {"city", "celsius"} and isinstance(arguments["celsius"], bool)
+    return arguments
+
+
+@pytest.mark.parametrize("sampler", ["greedy", "entropix"])
+def test_a_round_trip_whole(client, sampler):
+    client, _ = client
+    tools, extra = [WEATHER, TIME], {"sampler": sampler}
+    first = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=tools, tool_choice="required", max_tokens=300, extra_body=extra
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    check_call(call, call.function.name)
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear", "degrees": 21}'},
+    ]
+    final = client.chat.completions.create(model="tiny", messages=messages, tools=tools, max_tokens=8, extra_body=extra)
+    assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.content is not None
+    # the tool's result reached the prompt: it is longer than the question's by at least the result
+    assert final.usage.prompt_tokens > first.usage.prompt_tokens + len('{"sky": "clear", "degrees": 21}')
+
+
+def test_a_named_call_streamed_arrives_as_tool_call_deltas(client):
+    client, _ = client
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=300,
+        stream=True,
+    )
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or ():
+                calls.setdefault(d.index, {"name": "", "arguments": "", "id": d.id})
+                calls[d.index]["name"] += d.function.name or ""
+                calls[d.index]["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and CALL_OPEN not in content and list(calls) == [0]
+    assert calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    arguments = json.loads(calls[0]["arguments"])
+    assert set(arguments) == {"city", "celsius"}
+
+
+def test_tool_choice_none_tells_the_model_of_no_tool_and_auto_reads_no_call_from_plain_text(client):
+    client, _ = client
+    plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=6)
+    none = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=6)
+    auto = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=6)
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens < auto.usage.prompt_tokens
+    assert auto.choices[0].message.tool_calls is None and auto.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0]"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
+    ],
+)
+def test_bad_tools_are_a_400_naming_the_field(client, fields, param):
+    _, port = client
+    body = json.dumps({"messages": ASK, **fields}).encode()
+    status, data = request(port, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    assert status == 400 and json.loads(data)["error"]["param"] == param
+
+
+def test_calls_are_read_from_the_answers_end_and_a_broken_one_stays_text():
+    text = f'Let me look.\n{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}\n</tool_call>'
+    content, calls = parse_calls(text)
+    assert content == "Let me look." and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    broken = f'{CALL_OPEN}\n{{"name": "get_weather", "argu'
+    assert parse_calls(broken) == (broken, [])
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message_and_results_as_user_turns():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        *ASK,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "clear"},
+    ]
+    out = template_messages(messages, [WEATHER], knows=False)
+    assert (
+        out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.") and "get_weather" in out[0]["content"]
+    )
+    assert out[2] == {
+        "role": "assistant",
+        "content": f'{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}\n</tool_call>',
+    }
+    assert out[3] == {"role": "user", "content": "Result of get_weather: clear"}
+    known = template_messages(messages, [WEATHER], knows=True)
+    assert known[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"} and known[3]["role"] == "tool"
