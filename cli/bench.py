@@ -1,7 +1,9 @@
 """`entropix-mlx bench`: entropix-mlx against mlx-lm on the same model, in one run."""
 
+import functools
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,10 +11,12 @@ from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
+from entropix_mlx.front import LoadedModel, ModelCard
 from entropix_mlx.model.loading import resolve
 
 from .loaded import quiet_unless_root
 from .options import ModelOpt, WeightsOpt
+from .run import read_schema
 
 # entropix_mlx.eval and rich.table are imported in the functions that use them: app.py
 # imports every command's module at each start (--help too), and only bench needs them.
@@ -52,6 +56,14 @@ def bench(
             help="Run beside a busy neighbour: a NumPy matrix-product loop per core, started and ended by the bench.",
         ),
     ] = False,
+    json_schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--json-schema",
+            metavar="FILE",
+            help="Also time Entropix with the answer held to the JSON schema in FILE, against Entropix alone.",
+        ),
+    ] = None,
 ):
     """Prefill and decode speed and peak memory: mlx-lm's own generation, our
     engine with the greedy sampler, our engine with the Entropix sampler."""
@@ -65,10 +77,25 @@ def bench(
     w = world()  # under mlx.launch: both models split across the ranks, rank 0 prints
     if w.size > 1:
         check_same_model(w, resolve(model).path)
+    schema = read_schema(json_schema)
     ours, theirs, tokenizer, source = benchmark.load_pair(model, weights, w.group if w.size > 1 else None)
     quiet_unless_root(w)
+    constraint = None
+    if schema is not None:
+        loaded = LoadedModel(ours, tokenizer, source, ModelCard(source.name, None, "none"))
+        loaded.constraint(schema)  # a schema it cannot hold stops here, in one line
+        constraint = functools.partial(loaded.constraint, schema)
     result = benchmark.bench(
-        ours, theirs, tokenizer, source.name, prompt_tokens, gen_tokens, repeats, progress=progress, contended=contended
+        ours,
+        theirs,
+        tokenizer,
+        source.name,
+        prompt_tokens,
+        gen_tokens,
+        repeats,
+        progress=progress,
+        contended=contended,
+        constraint=constraint,
     )
     if profile:
         progress("profile")
@@ -104,7 +131,9 @@ def print_tables(result: dict):
     )
     for column in ("", "prefill tok/s", "first token s", "decode tok/s", "peak GB"):
         table.add_column(column, justify="right" if column else "left")
-    for name in ("mlx_lm", "entropix_greedy", "entropix"):
+    for name in ("mlx_lm", "entropix_greedy", "entropix", "entropix_schema"):
+        if name not in result:
+            continue
         r = result[name]
         table.add_row(
             name,
@@ -123,6 +152,8 @@ def print_tables(result: dict):
         f"{ratios['memory']:.2f}",
     )
     table.add_row("entropix_greedy / mlx_lm", "", "", f"{ratios['decode_greedy']:.2f}", "")
+    if "decode_schema" in ratios:
+        table.add_row("entropix_schema / entropix", "", "", f"{ratios['decode_schema']:.2f}", "")
     console.print(table)
     counts = result["entropix"].get("strategy_counts", {})
     if counts:

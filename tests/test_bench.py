@@ -62,6 +62,30 @@ def test_bench_on_a_tiny_model_gives_every_figure(tiny_model, tiny_tokenizer):
     json.dumps(result)  # the --json output is plain data
 
 
+def test_bench_times_entropix_under_a_json_schema_beside_entropix_alone(tiny_model, tiny_tokenizer):
+    from entropix_mlx.front import LoadedModel, ModelCard
+
+    loaded = LoadedModel(tiny_model, tiny_tokenizer, None, ModelCard("tiny", None, "none"))
+    made = []
+
+    def constraint():
+        made.append(loaded.constraint({"type": "array", "items": {"type": "string"}}))
+        return made[-1]
+
+    result = bench.bench(
+        tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", 12, 6, repeats=1, constraint=constraint
+    )
+    held = result["entropix_schema"]
+    assert made[0].tokenizer.eos_tokens == sorted(tiny_tokenizer.eos_token_ids)
+    assert held["tokens"] == 6 and held["decode_tps"] > 0
+    assert result["ratios"]["decode_schema"] == held["decode_tps"] / result["entropix"]["decode_tps"]
+    assert len(made) == 3  # one before the runs (the end tokens still known), then a fresh one for each
+    assert (
+        "decode_schema"
+        not in bench.bench(tiny_model, mlx_lm_twin(tiny_model), tiny_tokenizer, "tiny", 12, 6, 1)["ratios"]
+    )
+
+
 def eos_only_model():
     """A tiny model whose final norm is zero: every logit is 0, so greedy picks
     token 0 (argmax takes the first of equals) at every step, in both engines."""

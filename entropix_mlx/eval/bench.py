@@ -67,6 +67,8 @@ from ..model.sharding import shard
 from .neighbour import busy_neighbour, cores
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
+# With a JSON schema: Entropix with the answer held to it, its decode speed against Entropix's own.
+SCHEMA_VARIANT = "entropix_schema"
 
 
 CHUNK_TOKENS = 8  # tokens a run makes before the next one takes its turn
@@ -197,8 +199,10 @@ def start_mlx_lm(model, tokenizer, prompt: list[int], gen_tokens: int) -> Run:
     )
 
 
-def start_entropix(model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0) -> Run:
-    generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed)
+def start_entropix(
+    model, tokenizer, prompt: list[int], gen_tokens: int, sampler, seed: int = 0, constraint=None
+) -> Run:
+    generation = generate(model, tokenizer, prompt, sampler, max_tokens=gen_tokens, seed=seed, penalties=constraint)
     return Run(
         generation,
         len(prompt),
@@ -232,13 +236,15 @@ def make_samplers(tokenizer, model_name: str | None):
     return {
         "entropix_greedy": lambda: build("greedy"),  # as the CLI builds greedy
         "entropix": lambda: build("entropix", tokenizer, card=model_name),
+        SCHEMA_VARIANT: lambda: build("entropix", tokenizer, card=model_name),
     }
 
 
-def start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) -> Run:
+def start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers, constraint=None) -> Run:
     if name == "mlx_lm":
         return start_mlx_lm(theirs, tokenizer, prompt, gen_tokens)
-    return start_entropix(ours, tokenizer, prompt, gen_tokens, samplers[name]())
+    held = constraint() if name == SCHEMA_VARIANT else None
+    return start_entropix(ours, tokenizer, prompt, gen_tokens, samplers[name](), constraint=held)
 
 
 def interleaved(runs: dict[str, Run], rounds_start: int = 0) -> None:
@@ -268,7 +274,9 @@ def median_result(results: list[RunResult]) -> dict:
 
 def ratios(results: dict) -> dict:
     ref = results["mlx_lm"]
+    held = results.get(SCHEMA_VARIANT)
     return {
+        **({"decode_schema": held["decode_tps"] / results["entropix"]["decode_tps"]} if held else {}),
         "prefill": results["entropix"]["prefill_tps"] / ref["prefill_tps"],
         # how many times sooner the first token comes (prefill and the first decision)
         "first_token": ref["first_token_s"] / results["entropix"]["first_token_s"],
@@ -289,10 +297,12 @@ def bench(
     warmup: bool = True,
     progress=None,
     contended: bool = False,
+    constraint=None,
 ) -> dict:
     """Run the three variants `repeats` times, interleaved; medians and ratios.
     `contended`: beside a NumPy matrix-product loop on every core (neighbour.py), from
-    before the warm-up to after the last run."""
+    before the warm-up to after the last run. `constraint()`: a fresh JSON-schema
+    constraint (front.LoadedModel.constraint), for a fourth variant, Entropix under it."""
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
     context = ours.args.max_position_embeddings
@@ -304,21 +314,30 @@ def bench(
         )
     samplers = make_samplers(tokenizer, model_name)
     prompt = bench_prompt(tokenizer, prompt_tokens)
-    runs = {name: [] for name in VARIANTS}
+    variants = VARIANTS + ((SCHEMA_VARIANT,) if constraint is not None else ())
+    runs = {name: [] for name in variants}
     load = [os.getloadavg()[0]]
+    if constraint is not None:
+        constraint()  # the first builds the grammar engine's tokenizer: before no_eos hides the end tokens
     with busy_neighbour() if contended else nullcontext(), no_eos(tokenizer):
         if warmup:
             # First calls pay for kernel set-up and mlx-lm's compiled sampler: not timed.
             if progress:
                 progress("warm-up" + (" beside the busy neighbour" if contended else ""))
             short = prompt[: min(prompt_tokens, 16)]
-            interleaved({name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers) for name in VARIANTS})
+            interleaved(
+                {
+                    name: start_variant(name, ours, theirs, tokenizer, short, 4, samplers, constraint)
+                    for name in variants
+                }
+            )
         for r in range(repeats):
             if progress:
                 progress(f"run {r + 1}/{repeats} (the three variants take turns)")
             mx.clear_cache()
             current = {
-                name: start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers) for name in VARIANTS
+                name: start_variant(name, ours, theirs, tokenizer, prompt, gen_tokens, samplers, constraint)
+                for name in variants
             }
             interleaved(current, rounds_start=r)
             for name, run in current.items():
