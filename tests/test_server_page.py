@@ -351,3 +351,33 @@ def test_the_empty_page_says_what_to_do_until_the_first_answer(server, browser):
     page.click("#new-chat")
     assert hint.is_visible()  # a new chat is an empty page again
     page.close()
+
+
+def test_a_json_answer_shades_each_value_by_how_unsure_the_model_was(server, browser):
+    page = browser.new_page()
+    page.goto(server[0] + "/")
+    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
+    if page.locator("#api-key").is_visible():
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+    page.locator("#legend .entry").first.wait_for()
+    page.check("#json-answer")
+    page.fill("#max-tokens", "60")
+    page.fill("#prompt", "Extract the facts as JSON: Ada Lovelace, 36, lives in London.")
+    page.click("#send")
+    page.wait_for_function(
+        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+        timeout=120_000,
+    )
+    last = page.locator(".msg.assistant:last-child")
+    text = "".join(last.locator(".tok").all_inner_texts())
+    assert text.startswith("{")  # (the answer may run past max tokens: its complete values are shaded)
+    shaded = last.locator(".tok.field")
+    assert shaded.count() > 0
+    paths = {shaded.nth(i).get_attribute("data-field") for i in range(shaded.count())}
+    assert len(paths) >= 2 and all(p.startswith("/") for p in paths)
+    shades = {shaded.nth(i).evaluate("s => s.style.background") for i in range(shaded.count())}
+    assert len(shades) > 1  # the values are not all equally sure
+    assert "lowest" in shaded.first.get_attribute("title")
+    assert last.locator(".fields [data-field]").count() == len(paths)
+    page.close()

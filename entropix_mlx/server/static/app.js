@@ -97,6 +97,7 @@
     };
     const seed = $("seed").value.trim(), maxTokens = $("max-tokens").value;
     if (maxTokens !== "") request.max_tokens = Number(maxTokens);
+    if ($("json-answer").checked) request.response_format = { type: "json_object" };
     // Seeds go up to 2^63, past what a JavaScript number holds exactly: the seed
     // travels as its digits, spliced into the JSON text, never through Number.
     let payload = JSON.stringify(request);
@@ -129,6 +130,7 @@
         });
         if (choice.delta && choice.delta.content) text_ += choice.delta.content;
         if (choice.finish_reason) finish = choice.finish_reason;
+        if (choice.entropix_fields) EntropixView.shadeFields(body, choice.entropix_fields, msg);
         if (!redraw) redraw = requestAnimationFrame(() => { redraw = 0; EntropixView.chart(svg, view.tokens, state.info.thresholds); });
       }
     } catch (e) {

@@ -63,6 +63,29 @@ const EntropixView = (() => {
     };
   }
 
+  // A structured answer: each value's tokens shaded by how unsure the model was of
+  // it (its lowest token probability), the value and both confidences on hover,
+  // and one line per value under the answer, the least sure first.
+  function shadeFields(container, fields, after) {
+    const spans = container.querySelectorAll("span.tok");
+    for (const f of fields) {
+      const unsure = 1 - f.min_confidence;
+      const tip = `${f.path} = ${JSON.stringify(f.value)}: lowest ${fmt(f.min_confidence, 2)}, mean ${fmt(f.mean_confidence, 2)}`;
+      for (let i = f.tokens[0]; i <= f.tokens[1] && i < spans.length; i++) {
+        spans[i].style.background = `rgba(204, 85, 90, ${(0.15 + 0.6 * unsure).toFixed(3)})`;
+        spans[i].classList.add("field");
+        spans[i].setAttribute("data-field", f.path);
+        spans[i].title = tip;
+      }
+    }
+    const list = el("div", { class: "fields" });
+    list.append(el("div", { class: "meta" }, "values, least sure first (lowest / mean confidence):"));
+    for (const f of [...fields].sort((a, b) => a.min_confidence - b.min_confidence)) {
+      list.append(el("div", { "data-field": f.path }, `${f.path}  ${JSON.stringify(f.value)}  ${fmt(f.min_confidence, 2)} / ${fmt(f.mean_confidence, 2)}`));
+    }
+    (after || container).append(list);
+  }
+
   function details(tok) {
     const box = document.createElement("div");
     const head = el("div");
@@ -226,5 +249,5 @@ const EntropixView = (() => {
       `JSON.parse(document.getElementById("entropix-data").textContent));<\/script>\n</body>\n</html>\n`;
   }
 
-  return { colorOf, legend, answer, attachTooltip, chart, renderExport, exportHtml, details };
+  return { colorOf, legend, answer, attachTooltip, chart, renderExport, exportHtml, details, shadeFields };
 })();
