@@ -66,7 +66,7 @@ class ChatSession:
     def __init__(
         self,
         loaded,
-        sampler_name,
+        choice,
         sampler_options,
         max_tokens,
         seed,
@@ -78,7 +78,7 @@ class ChatSession:
         self.loaded, self.penalties, self.verbose = loaded, penalties, verbose
         self.source, self.tokenizer = loaded.source, loaded.tokenizer
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
-        self.sampler = self.make_sampler(sampler_name)
+        self.sampler = self.make_sampler(choice)
         self.start_sampler, self.start_seed = self.sampler.name, seed
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
@@ -100,10 +100,12 @@ class ChatSession:
         if self.color:
             self.out.print(render.legend(sampler_legend(self.sampler, self.conversation.model.args.vocab_size)))
 
-    def make_sampler(self, name: str):
-        """Sampler `name` with the options it takes (--config, sampling parameters, --budget, --reasoning)."""
+    def make_sampler(self, choice):
+        """The sampler of `choice` (what the command line asked for, resolved once),
+        or of a name /sampler gives, with the options it takes (--config, sampling
+        parameters, --budget, --reasoning)."""
         o = self.sampler_options
-        choice = choose(name, o["params"])
+        choice = choose(choice, o["params"]) if isinstance(choice, str) else choice
         settings = {"budget": o["budget"]} if choice.spec.budget else {}
         reasoning = o["reasoning"] and choice.spec.reasoning
         return self.loaded.sampler(choice.name, o["config"], reasoning, **choice.params, **settings)
@@ -336,13 +338,14 @@ def chat(
     """Talk with the model, turn after turn; /help lists the commands."""
     params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     check_options(sampler, config, model, budget, reasoning, **params)
-    check_config(choose(sampler, params), config, model, budget, reasoning)
+    choice = choose(sampler, params)  # once: the session builds its first sampler from it
+    check_config(choice, config, model, budget, reasoning)
     loaded = ctx.obj.load(model, weights, tensor_parallel=True, cache=not no_cache)  # sharded under mlx.launch
     w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
     quiet_unless_root(w)
     options = {"config": config, "params": params, "budget": budget, "reasoning": reasoning}
     penalties = loaded.penalties(presence_penalty, frequency_penalty, repetition_penalty)
-    session = ChatSession(loaded, sampler, options, max_tokens, seed, system, no_color, penalties, verbose)
+    session = ChatSession(loaded, choice, options, max_tokens, seed, system, no_color, penalties, verbose)
     session.writes_files = w.root
     try:
         session.loop()

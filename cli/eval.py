@@ -120,7 +120,7 @@ def eval_command(
         typer.Option(
             "--reasoning/--no-reasoning",
             show_default="with --cot",
-            help="Entropix's reasoning profile (the card's \\[reasoning] table, else the default one).",
+            help="Entropix's reasoning profile and deliberate's reasoning setting, as for run --reasoning.",
         ),
     ] = None,
     model: ModelOpt = None,
@@ -224,7 +224,7 @@ def eval_command(
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
     if reasoning and not set(names_where(reasoning=True)) & set(names):
-        raise ConfigError("--reasoning sets the entropix sampler, which --samplers does not name")
+        raise ConfigError("--reasoning sets entropix and deliberate, which --samplers does not name")
     reasoning = cot if reasoning is None else reasoning
     if set(ENTROPIX_NAMES) & set(names):  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config, reasoning)

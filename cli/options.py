@@ -170,8 +170,9 @@ ReasoningOpt = Annotated[
     bool,
     typer.Option(
         "--reasoning",
-        help="entropix only: its reasoning profile (the card's \\[reasoning] table, else the default one), "
-        "settings chosen for chains of thought (docs/sampler.md, Reasoning).",
+        help="For a chain of thought: entropix's reasoning profile (the card's \\[reasoning] table, else the "
+        "default one) and deliberate's reasoning setting (the card's \\[deliberate_reasoning] table, else the "
+        "default one) (docs/sampler.md, Reasoning).",
     ),
 ]
 JsonSchemaOpt = Annotated[
@@ -222,7 +223,7 @@ def check_options(
     if budget is not None and not spec.budget:
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
     if reasoning and not spec.reasoning:
-        raise ConfigError(f"--reasoning sets the entropix sampler; --sampler {sampler} does not use it")
+        raise ConfigError(f"--reasoning sets entropix and deliberate; --sampler {sampler} has no reasoning setting")
 
 
 def check_config(choice, config: str | None, model: str | None, budget=None, reasoning: bool = False) -> None:

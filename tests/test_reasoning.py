@@ -57,15 +57,37 @@ def test_a_bad_reasoning_table_is_one_line_naming_the_setting(cards):
         resolve_config("typo", reasoning=True)
 
 
-def test_only_entropix_has_a_profile(cards):
+def test_only_entropix_and_deliberate_have_a_reasoning_setting(cards):
     assert all(getattr(build("entropix", card="plain", reasoning=True).config, k) == v for k, v in REASONING.items())
-    with pytest.raises(ConfigError, match="the greedy sampler has none"):
+    with pytest.raises(ConfigError, match="the greedy sampler has no reasoning setting"):
         build("greedy", reasoning=True)
+    with pytest.raises(ConfigError, match="the deliberate_staged sampler has no reasoning setting"):
+        build("deliberate_staged", reasoning=True)
+
+
+def test_deliberate_reasons_with_the_cards_table_else_the_default_and_a_config_file_wins(cards, tmp_path):
+    from entropix_mlx.sampling.deliberate_config import REASONING as DELIBERATE_REASONING
+
+    plain = build("deliberate", card="plain").config
+    reasoned = build("deliberate", card="plain", reasoning=True)
+    assert all(getattr(reasoned.config, k) == v for k, v in DELIBERATE_REASONING.items())
+    assert reasoned.config != plain and "the default reasoning setting" in reasoned.config_source
+    (cards / "own.toml").write_text(
+        "[sampler]\n[deliberate]\nbudget = 5.0\n[deliberate_reasoning]\nfirst_alternatives = 2\n"
+    )
+    own = build("deliberate", card="own", reasoning=True).config
+    assert own.first_alternatives == 2 and own.budget == 5.0 and own.first_stage == plain.first_stage
+    given = tmp_path / "mine.toml"
+    given.write_text("[deliberate]\nfirst_alternatives = 3\n")
+    assert (
+        build("deliberate", card="own", config=given, reasoning=True).config
+        == build("deliberate", card="own", config=given).config
+    )
 
 
 def test_run_reasoning_is_refused_for_another_sampler():
     code, _, err = invoke("run", "Hi", "--sampler", "greedy", "--reasoning")
-    assert code == 2 and "--reasoning sets the entropix sampler" in one_error_line(err)
+    assert code == 2 and "--reasoning sets entropix and deliberate" in one_error_line(err)
 
 
 @pytest.mark.slow
@@ -95,7 +117,7 @@ def test_a_request_asks_for_the_profile():
         (job,), notes = server._prepare(
             parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True
         )
-        assert notes == ["reasoning ignored: the greedy sampler has no reasoning profile"]
+        assert notes == ["reasoning ignored: the greedy sampler has no reasoning setting"]
         with pytest.raises(APIError) as e:
             parse({**body, "reasoning": "yes"}, True, SAMPLER_NAMES)
         assert e.value.status == 400 and e.value.body()["error"]["param"] == "reasoning"
@@ -114,4 +136,46 @@ def test_eval_cot_uses_the_profile_unless_told_not_to(tiny_ref, tmp_path):
         settings = json.loads((tmp_path / folder / "config.json").read_text())["samplers"]["entropix"]
         assert all(settings[k] == v for k, v in REASONING.items()) is reasoned
     code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--reasoning")
-    assert code == 2 and "--reasoning sets the entropix sampler" in one_error_line(err)
+    assert code == 2 and "--reasoning sets entropix and deliberate" in one_error_line(err)
+
+
+def test_run_eval_and_the_server_reason_with_one_deliberate_setting(tiny_ref, tmp_path):
+    """What `run --reasoning --sampler deliberate` runs is eval's deliberate row with
+    --reasoning, and the server's with "reasoning": true."""
+    from entropix_mlx.server import Engine, PrefixCache
+    from entropix_mlx.server.app import Server
+    from entropix_mlx.server.schema import parse
+
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text(json.dumps({"question": "3 + 4?", "answer": "#### 7", "prompt": "Q: {question}"}) + "\n")
+    code, _, err = invoke(
+        "eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "deliberate", "--max-tokens", "3", "--out", tmp_path / "e"
+    )
+    assert code == 0, err
+    row = json.loads((tmp_path / "e" / "config.json").read_text())["samplers"]["deliberate"]
+    code, out, err = invoke(
+        "run", "3 + 4?", "-m", tiny_ref, "--sampler", "deliberate", "--reasoning", "--max-tokens", "3", "--json"
+    )
+    assert code == 0, err
+    ran = json.loads(out.strip().splitlines()[-1])["summary"]["deliberation"]
+    engine = Engine(make_loaded(make_tiny_model(), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
+    try:
+        body = {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            "reasoning": True,
+            "sampler": "deliberate",
+        }
+        (job,), notes = Server(engine)._prepare(parse(body, True, SAMPLER_NAMES), chat=True)
+    finally:
+        engine.close()
+    from entropix_mlx.sampling.deliberate_config import REASONING as DELIBERATE_REASONING
+
+    served = job.sampler.config.to_dict()
+    assert notes == [] and all(served[k] == v for k, v in DELIBERATE_REASONING.items())
+    assert {k: row[k] for k in DELIBERATE_REASONING} == {k: served[k] for k in DELIBERATE_REASONING}
+    assert ran["branches"] >= 1
+    code, _, err = invoke(
+        "run", "3 + 4?", "-m", tiny_ref, "--sampler", "deliberate", "--reasoning", "--max-tokens", "3"
+    )
+    assert code == 0 and "+ the default reasoning setting" in err.splitlines()[0]

@@ -153,6 +153,12 @@ def test_calls_are_read_from_the_answers_end_and_a_broken_one_stays_text():
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     broken = f'{CALL_OPEN}\n{{"name": "get_weather", "argu'
     assert parse_calls(broken) == (broken, [])
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # a small model left the tags out
+    content, calls = parse_calls(bare, ("get_weather",))
+    assert content == "" and calls[0]["function"]["name"] == "get_weather"
+    assert (
+        parse_calls(bare, ("get_time",)) == (bare, []) and parse_calls('{"city": "Paris"}', ("get_weather",))[1] == []
+    )
 
 
 def test_a_template_without_tools_gets_them_in_the_system_message_and_results_as_user_turns():

@@ -80,12 +80,27 @@ def template_messages(messages: list[dict], tools: list[dict] | None, knows: boo
     return out
 
 
-def parse_calls(text: str) -> tuple[str, list[dict]]:
+def _as_call(call: dict) -> dict:
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)},
+    }
+
+
+def parse_calls(text: str, names=()) -> tuple[str, list[dict]]:
     """(the text before the first call, OpenAI's `tool_calls`) of an answer. A call
-    whose JSON does not parse, or that names no function, stays in the text."""
+    whose JSON does not parse, or that names no function, stays in the text. An
+    answer that is nothing but a call's JSON, naming one of the tools `names`, is
+    that call too (small models often leave the tags out)."""
     content, calls, at = text, [], text.find(CALL_OPEN)
     if at < 0:
-        return text, []
+        try:
+            call = json.loads(text)
+        except json.JSONDecodeError:
+            return text, []
+        known = isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict)
+        return ("", [_as_call(call)]) if known else (text, [])
     content, rest = text[:at], text[at:]
     while rest.startswith(CALL_OPEN):
         end = rest.find(CALL_CLOSE)
@@ -96,14 +111,7 @@ def parse_calls(text: str) -> tuple[str, list[dict]]:
             return text, []
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return text, []
-        arguments = call.get("arguments", {})
-        calls.append(
-            {
-                "id": "call_" + uuid.uuid4().hex[:24],
-                "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
-            }
-        )
+        calls.append(_as_call(call))
         rest = rest[end + len(CALL_CLOSE) :].lstrip() if end >= 0 else ""
     return content.rstrip(), calls
 
@@ -130,7 +138,21 @@ def call_schema(tools: list[dict], name: str | None = None) -> dict:
     )
 
 
-def call_grammar(tools: list[dict], name: str | None = None) -> str:
-    """A grammar (llguidance's Lark) of exactly one call, in the template's layout."""
+def marker_tokens(tokenizer) -> tuple[int | None, int | None]:
+    """The ids of a vocabulary's own `<tool_call>` and `</tool_call>` tokens (Qwen's),
+    or None: the grammar engine reads such an added token as one unit, never as its text."""
+    added = getattr(tokenizer, "added_tokens_encoder", None) or getattr(
+        tokenizer._tokenizer, "added_tokens_encoder", {}
+    )
+    return added.get(CALL_OPEN), added.get(CALL_CLOSE)
+
+
+def call_grammar(tools: list[dict], name: str | None = None, markers: tuple = (None, None)) -> str:
+    """A grammar (llguidance's Lark) of exactly one call, in the template's layout;
+    `markers`: the vocabulary's own tokens for the call's tags (`marker_tokens`)."""
     schema = json.dumps(call_schema(tools, name))
-    return f'start: "{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"\ncall: %json {schema}\n'
+    tag_open, tag_close = (
+        f"<[{t}]>" if t is not None else json.dumps(text)
+        for t, text in zip(markers, (CALL_OPEN, CALL_CLOSE), strict=True)
+    )
+    return f'start: {tag_open} "\\n" call "\\n" {tag_close}\ncall: %json {schema}\n'

@@ -13,7 +13,7 @@ from ..decode.deliberate import Deliberator
 from ..decode.voting import Voter
 from ..errors import ConfigError
 from ..sampling.config import SamplerConfig, resolve_config
-from ..sampling.deliberate_config import COT_DECODING, DeliberateConfig, resolve_deliberate
+from ..sampling.deliberate_config import COT_DECODING, FIRST_TOKEN_VOTE, STAGED, DeliberateConfig, resolve_deliberate
 from ..sampling.entropix import EntropixSampler
 from ..sampling.parameters import PARAMETERS
 from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
@@ -66,7 +66,7 @@ def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
         overrides.pop(key, None)
     if spec.preset is not None:  # whatever the card says
         return Deliberator(spec.preset.replace(**overrides), f"the {spec.name} preset", spec.name)
-    cfg, source = resolve_deliberate(card, config, **{**(spec.rule or {}), **overrides})
+    cfg, source = resolve_deliberate(card, config, reasoning, **{**(spec.rule or {}), **overrides})
     return Deliberator(cfg, source, spec.name)
 
 
@@ -85,9 +85,6 @@ SAMPLING = tuple(PARAMETERS)
 # one starts the last 3 of the wide set only when the first two disagree. Their answers are
 # chains of thought, which repeat numbers on purpose: only an answer cut off by the limit
 # loses to one that ended (`length`).
-_FIRST_TOKEN_VOTE = dict(
-    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
-)
 _DELIBERATE = dict(
     make=_deliberate,
     settings=DeliberateConfig,
@@ -113,16 +110,16 @@ SAMPLERS = {
         SamplerSpec("greedy", _greedy, deterministic=True),
         SamplerSpec("temperature", _baseline(TemperatureSampler), None, SAMPLING, ("sample", "argmax")),
         SamplerSpec("min_p", _baseline(MinPSampler), None, SAMPLING, ("sample", "argmax")),
-        SamplerSpec("deliberate", **_DELIBERATE, budget=True),
+        SamplerSpec("deliberate", **_DELIBERATE, budget=True, reasoning=True),
         *(SamplerSpec(name, **_VOTE, preset=preset) for name, preset in VOTE_PRESETS.items()),
         SamplerSpec("cot_decoding", **{**_DELIBERATE, "reads_card": False}, preset=COT_DECODING),
         *(
             SamplerSpec(name, **_DELIBERATE, rule=rule)
             for name, rule in {
                 "deliberate_margin": dict(selector="continuation_margin", margin=0.1, stop_share=0.0),
-                "deliberate_narrow": dict(first_alternatives=1, **_FIRST_TOKEN_VOTE),
-                "deliberate_wide": dict(first_alternatives=4, **_FIRST_TOKEN_VOTE),
-                "deliberate_staged": dict(first_alternatives=4, first_stage=1, **_FIRST_TOKEN_VOTE),
+                "deliberate_narrow": dict(first_alternatives=1, **FIRST_TOKEN_VOTE),
+                "deliberate_wide": dict(first_alternatives=4, **FIRST_TOKEN_VOTE),
+                "deliberate_staged": STAGED,
             }.items()
         ),
     )
@@ -155,7 +152,7 @@ def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = F
     `tokenizer`: the model's (entropix's thinking text is in its tokens)."""
     spec = spec_of(name)
     if reasoning and not spec.reasoning:
-        raise ConfigError(f"the reasoning profile is the entropix sampler's; the {name} sampler has none")
+        raise ConfigError(f"the {name} sampler has no reasoning setting (entropix and deliberate have one)")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return spec.make(spec, card, config if spec.reads_card else None, reasoning, tokenizer, overrides)
 

@@ -10,9 +10,10 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 import math
 from dataclasses import dataclass
 
+from .cards import CardDocument, card_file
 from .selection import SELECTORS as SELECTOR_SCORES
 from .selection import VOTE_SELECTORS
-from .settings import THRESHOLD, Settings, at_least, card_table, layered, rule, validate
+from .settings import THRESHOLD, Settings, at_least, card_table, layered, read_toml, rule, validate
 
 SELECTORS = tuple(SELECTOR_SCORES)
 
@@ -118,6 +119,22 @@ def _stop_needs_a_vote(settings):
 CHECKS = (_stop_needs_a_vote,)
 
 
+# A vote by confidence over the greedy answer and first-token alternatives, no later
+# branching and no early stop; only an answer cut off by the limit loses to one that
+# ended (chains of thought repeat numbers on purpose). The staged rule starts the last 3
+# of 4 alternatives only when the greedy answer and the first disagree: the baseline an
+# uncertainty-gated rule must beat (docs/gated-deliberate.md).
+FIRST_TOKEN_VOTE = dict(
+    max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
+)
+STAGED = dict(first_alternatives=4, first_stage=1, **FIRST_TOKEN_VOTE)
+# What a chain of thought runs with `reasoning` when the card has no [deliberate_reasoning]
+# table: the staged rule, the best measured so far, until the rule chosen on the dev pool
+# (docs/gated-deliberate.md) replaces it.
+REASONING = STAGED
+REASONING_TABLE = "deliberate_reasoning"
+
+
 # CoT-decoding (Wang & Zhou 2024) as a preset: the top 10 first tokens (the
 # greedy one and 9 alternatives), each continued greedily, no later branching;
 # the answer with the largest answer-span margin p(top1) - p(top2) is kept.
@@ -126,9 +143,19 @@ COT_DECODING = DeliberateConfig(
 )
 
 
-def resolve_deliberate(card=None, config=None, **overrides) -> tuple[DeliberateConfig, str]:
+def resolve_deliberate(card=None, config=None, reasoning: bool = False, **overrides) -> tuple[DeliberateConfig, str]:
     """The config and where it came from: the [deliberate] table of `card` (a card
     file, or a model name: its shipped card), if any, under `config` (a .toml path
-    or a DeliberateConfig), then the overrides (None = unset)."""
+    or a DeliberateConfig), then the overrides (None = unset). `reasoning` (without
+    a `config`, which is then the setting): the card's [deliberate_reasoning] table
+    over its [deliberate], else REASONING."""
     table = card_table(DeliberateConfig, card)
-    return layered(table or (DeliberateConfig(), "defaults"), config, overrides)
+    settings = table or (DeliberateConfig(), "defaults")
+    if reasoning and config is None:
+        path = card_file(card)
+        data = (card.data if isinstance(card, CardDocument) else read_toml(path)) if path else {}
+        fields, where = data.get(REASONING_TABLE), f"[{REASONING_TABLE}] of {path.name if path else ''}"
+        if fields is None:
+            fields, where = REASONING, "the default reasoning setting"
+        settings = (settings[0].replace(**fields), f"{settings[1]} + {where}")
+    return layered(settings, config, overrides)

@@ -23,7 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..decode.tools import call_grammar
+from ..decode.tools import call_grammar, marker_tokens
 from ..errors import ConfigError, ContextOverflowError
 from ..front import SAMPLER_NAMES, choose
 from ..sampling.config import THRESHOLDS, resolve_config
@@ -82,11 +82,12 @@ class Server:
             warnings = list(choice.notes)
             reasoning = p.reasoning and choice.spec.reasoning
             if p.reasoning and not reasoning:
-                warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning profile")
+                warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning setting")
             seed = p.seed if p.seed is not None else random_seed()
             rows = 1 if choice.spec.whole_answers else p.n
             # A call required, or one tool named: the answer is that call, its arguments the tool's.
-            grammar = call_grammar(p.tools, None if p.tool_call == "required" else p.tool_call) if p.tool_call else None
+            named = None if p.tool_call == "required" else p.tool_call
+            grammar = call_grammar(p.tools, named, marker_tokens(engine.tokenizer)) if p.tool_call else None
             # Every sampler, greedy and deliberate included: penalties change the logits, not the sampling.
             try:
                 prepared = [
@@ -160,7 +161,8 @@ class Server:
         kind = "chat" if chat else "completion"
         answers = [Answer(kind, self.engine.name, job.seed, warnings, index=i) for i, job in enumerate(jobs)]
         for answer in answers:
-            answer.structured, answer.tools = p.json_schema is not None, p.tools is not None
+            answer.structured = p.json_schema is not None
+            answer.tools = tuple(t["function"]["name"] for t in p.tools or ())
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:

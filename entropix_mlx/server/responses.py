@@ -42,7 +42,7 @@ class Answer:
         self.finish_reason = None
         self.structured = False  # held to a JSON schema: the end names each value's confidence
         self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
-        self.tools = False  # told of tools: its calls are read from the answer's end
+        self.tools = ()  # the names of the tools it was told of: its calls are read from the answer
         self._streamed = 0  # characters of `text` streamed as content (tools: never a call's)
 
     @property
@@ -73,9 +73,14 @@ class Answer:
         call's opening, less an end that may begin one."""
         limit = len(self.text)
         at = self.text.find(CALL_OPEN)
-        if at >= 0:
+        if self.finish_reason is not None:
+            content, calls = parse_calls(self.text, self.tools)
+            limit = len(content) if calls else limit
+        elif at >= 0:
             limit = at
-        elif self.finish_reason is None:
+        elif self.text.lstrip().startswith("{"):
+            limit = 0  # it may be a call without its tags: it is known at the end
+        else:
             limit -= next((k for k in range(len(CALL_OPEN) - 1, 0, -1) if self.text.endswith(CALL_OPEN[:k])), 0)
         out = self.text[self._streamed : max(limit, self._streamed)]
         self._streamed = max(limit, self._streamed)
@@ -85,7 +90,7 @@ class Answer:
         choice = {"index": self.index}
         calls = []
         if self.tools and finish is not None:
-            content, calls = parse_calls(self.text)
+            content, calls = parse_calls(self.text, self.tools)
             if calls:
                 finish = "tool_calls"
                 text = text if delta else content
