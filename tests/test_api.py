@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_tiny_model, make_tiny_tokenizer
+from test_cli_run import invoke
 
 import entropix_mlx
 from entropix_mlx import api
@@ -187,13 +188,18 @@ def test_the_python_api_page_runs_as_written(tmp_path):
     blocks = doc_blocks()
     assert len(blocks) == 3
     converted = tmp_path / "smollm2-mlx"
-    code = f"from entropix_mlx.cli.app import main; main(['convert', 'smollm2-135m', '{converted}'])"
-    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert (converted / "config.json").is_file()
+    code, _, err = invoke("convert", "smollm2-135m", converted)
+    assert code == 0 and (converted / "config.json").is_file(), err
+    # One fresh process runs the blocks, each in a namespace of its own, as a reader runs them.
+    runner = (
+        "import sys\nfor i, block in enumerate(sys.argv[1:]):\n    exec(block, {})\n    print(f'<<{i}>>', flush=True)\n"
+    )
+    codes = []
     for block in blocks:
         code = block.replace('have?", sampler=', 'have?", max_tokens=16, sampler=')
         code = code.replace("path/to/an/mlx-model", str(converted)).replace("max_tokens=64", "max_tokens=16")
-        code = code.replace("my-model.toml", str(cards.shipped_card("smollm2-135m")))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip()
+        codes.append(code.replace("my-model.toml", str(cards.shipped_card("smollm2-135m"))))
+    out = subprocess.run([sys.executable, "-c", runner, *codes], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    printed = re.split(r"<<\d>>\n", out.stdout)
+    assert len(printed) == len(blocks) + 1 and all(p.strip() for p in printed[:-1]), out.stdout

@@ -391,10 +391,18 @@ def cli(*args, env=None):
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "not-gguf", "truncated", "gemma"])
 def test_cli_bad_model_exits_2_with_one_error_line(bad_refs, case):
-    result = cli("run", "-m", bad_refs[case][0], "hi")
+    from test_cli_run import invoke, one_error_line
+
+    code, out, err = invoke("run", "-m", bad_refs[case][0], "hi")  # in this process: the same main()
+    assert code == 2 and out.strip() == ""
+    one_error_line(err)
+
+
+@pytest.mark.slow
+def test_a_bad_model_in_a_process_of_its_own_exits_2_with_one_error_line(bad_refs):
+    result = cli("run", "-m", bad_refs["truncated"][0], "hi")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
