@@ -144,7 +144,7 @@ def run(
         from entropix_mlx.server.export import AnswerRecorder
 
         recorder = AnswerRecorder(chooser, tokenizer)
-        chooser = prepared.sampler = recorder.sampler
+        prepared.sampler = recorder.sampler  # (the header names the sampler it wraps, and its card)
     out, err, color = consoles(no_color, w.root)
     for note in prepared.notes:
         err.print(f"note: {note}", style=render.META_STYLE)

@@ -626,3 +626,14 @@ def test_an_unknown_option_gets_a_suggestion_only_when_one_is_close():
     assert code == 2 and one_error_line(err).startswith("error: no such option: --bogus (see") and "mean" not in err
     code, _, err = invoke("run", "--temprature", "0.5", "hi")
     assert code == 2 and "did you mean --temperature?" in one_error_line(err)
+
+
+@pytest.mark.slow
+def test_the_header_names_the_card_also_with_html(tmp_path):
+    # --html wraps the sampler in a recorder; the header still names the sampler's card.
+    headers = []
+    for extra in ([], ["--html", str(tmp_path / "a.html")]):
+        code, _, err = invoke("run", "Hi", "--max-tokens", "2", "--no-color", *extra)
+        assert code == 0, err
+        headers.append(next(line for line in err.splitlines() if " · sampler " in line))
+    assert headers[0] == headers[1] and "shipped card smollm2-135m.toml" in headers[1]
