@@ -46,6 +46,29 @@ def get(port, path):
 
 
 @contextmanager
+def app_on_a_port(engine):
+    """The port of the server app for `engine`, on uvicorn in a thread of this process."""
+    import threading
+
+    import uvicorn
+
+    from entropix_mlx.server.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
 def running_server(log_path, *args):
     """(base URL, port) of a running `entropix-mlx serve ARGS`, stopped afterwards."""
     port = free_port()

@@ -49,6 +49,18 @@ def check_tooltip(page, token):
     assert token.get_attribute("data-strategy") in text
 
 
+def open_page(server, browser):
+    """The page, its legend shown (the API key typed in if the browser's profile lacks it)."""
+    page = browser.new_page()
+    page.goto(server[0] + "/")
+    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
+    if page.locator("#api-key").is_visible():
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+    page.locator("#legend .entry").first.wait_for()
+    return page
+
+
 @pytest.fixture(scope="module")
 def answered(server, browser, tmp_path_factory):
     """The page after one streamed answer: (page, token counts seen while streaming)."""
@@ -230,13 +242,7 @@ def test_a_second_turn_reuses_the_cached_conversation(answered):
 def test_the_seed_shown_reproduces_the_answer(server, browser):
     """Seeds go up to 2^63: the page shows the exact seed the server used (not a
     JavaScript number's rounding of it), and typing it back gives the same answer."""
-    page = browser.new_page()
-    page.goto(server[0] + "/")
-    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
-    if page.locator("#api-key").is_visible():  # the browser's profile may hold the key already
-        page.fill("#api-key", KEY)
-        page.dispatch_event("#api-key", "change")
-    page.locator("#legend .entry").first.wait_for()
+    page = open_page(server, browser)
     page.select_option("#sampler", "temperature")
     page.fill("#max-tokens", "12")
 
@@ -331,13 +337,7 @@ def test_chart_labels_never_overlap_and_no_line_crosses_the_legend(browser, thre
 
 
 def test_the_empty_page_says_what_to_do_until_the_first_answer(server, browser):
-    page = browser.new_page()
-    page.goto(server[0] + "/")
-    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
-    if page.locator("#api-key").is_visible():
-        page.fill("#api-key", KEY)
-        page.dispatch_event("#api-key", "change")
-    page.locator("#legend .entry").first.wait_for()
+    page = open_page(server, browser)
     hint = page.locator("#hint")
     assert hint.is_visible() and "question" in hint.inner_text() and "hover" in hint.inner_text()
     page.fill("#max-tokens", "2")
@@ -354,13 +354,7 @@ def test_the_empty_page_says_what_to_do_until_the_first_answer(server, browser):
 
 
 def test_a_json_answer_shades_each_value_by_how_unsure_the_model_was(server, browser):
-    page = browser.new_page()
-    page.goto(server[0] + "/")
-    page.locator("#legend .entry, #key-label:not([hidden])").first.wait_for()
-    if page.locator("#api-key").is_visible():
-        page.fill("#api-key", KEY)
-        page.dispatch_event("#api-key", "change")
-    page.locator("#legend .entry").first.wait_for()
+    page = open_page(server, browser)
     page.check("#json-answer")
     page.fill("#max-tokens", "60")
     page.fill("#prompt", "Extract the facts as JSON: Ada Lovelace, 36, lives in London.")

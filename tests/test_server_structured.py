@@ -3,17 +3,13 @@
 said, the answer parses under the schema."""
 
 import json
-import threading
-import time
 
 import pytest
-import uvicorn
 from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 from pydantic import BaseModel, Field
-from serving import free_port, request
+from serving import app_on_a_port, request
 
 from entropix_mlx.server import Engine, PrefixCache
-from entropix_mlx.server.app import create_app
 
 pytestmark = pytest.mark.slow  # a real HTTP server (uvicorn on a port)
 
@@ -27,16 +23,8 @@ class Person(BaseModel):
 @pytest.fixture(scope="module")
 def port():
     engine = Engine(make_loaded(make_tiny_model(5), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=10)
+    with app_on_a_port(engine) as port:
+        yield port
 
 
 def post(port, body) -> tuple[int, dict]:

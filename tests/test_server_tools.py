@@ -4,17 +4,13 @@ the tools described in a system message, a required or named call held to the
 tool's parameters, its result taken back, streamed and whole."""
 
 import json
-import threading
-import time
 
 import pytest
-import uvicorn
 from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
-from serving import free_port, request
+from serving import app_on_a_port, request
 
 from entropix_mlx.decode.tools import CALL_OPEN, parse_calls, template_messages
 from entropix_mlx.server import Engine, PrefixCache
-from entropix_mlx.server.app import create_app
 
 pytestmark = pytest.mark.slow  # a real HTTP server (uvicorn on a port)
 
@@ -47,16 +43,8 @@ def client():
 
     model = make_tiny_model(5, max_position_embeddings=4096)  # (a byte per token: the tools take room)
     engine = Engine(make_loaded(model, make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 8192))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0), port
-    server.should_exit = True
-    thread.join(timeout=10)
+    with app_on_a_port(engine) as port:
+        yield OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0), port
 
 
 def check_call(call, name="get_weather"):
