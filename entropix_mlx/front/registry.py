@@ -61,9 +61,14 @@ def _baseline(cls):
     return make
 
 
+def _whole_answer_settings(overrides: dict) -> dict:
+    """The overrides a whole-answer decoder takes: its rows record their own metrics
+    and log-probabilities, whatever a per-step caller asks of a sampler."""
+    return {k: v for k, v in overrides.items() if k not in ("metrics", "logprobs")}
+
+
 def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
-    for key in ("metrics", "logprobs"):
-        overrides.pop(key, None)
+    overrides = _whole_answer_settings(overrides)
     if spec.preset is not None:  # whatever the card says
         return Deliberator(spec.preset.replace(**overrides), f"the {spec.name} preset", spec.name)
     cfg, source = resolve_deliberate(card, config, reasoning, **{**(spec.rule or {}), **overrides})
@@ -71,8 +76,7 @@ def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
 
 
 def _vote(spec, card, config, reasoning, tokenizer, overrides):
-    for key in ("metrics", "logprobs"):
-        overrides.pop(key, None)
+    overrides = _whole_answer_settings(overrides)
     source = "preset" if not overrides else "preset and overrides"
     return Voter(spec.name, spec.preset.replace(**overrides), source)
 
