@@ -141,9 +141,7 @@ def call_schema(tools: list[dict], name: str | None = None) -> dict:
 def marker_tokens(tokenizer) -> tuple[int | None, int | None]:
     """The ids of a vocabulary's own `<tool_call>` and `</tool_call>` tokens (Qwen's),
     or None: the grammar engine reads such an added token as one unit, never as its text."""
-    added = getattr(tokenizer, "added_tokens_encoder", None) or getattr(
-        tokenizer._tokenizer, "added_tokens_encoder", {}
-    )
+    added = tokenizer.added_tokens_encoder  # (mlx-lm's wrapper hands it on from the HF tokenizer)
     return added.get(CALL_OPEN), added.get(CALL_CLOSE)
 
 

@@ -50,13 +50,14 @@ def grammar_tokenizer(hf_tokenizer, vocabulary: int, eos: list[int]) -> LLTokeni
     return from_tokenizer(hf_tokenizer, n_vocab=vocabulary, eos_token=sorted(eos))
 
 
-def _errors(schema, tokenizer: LLTokenizer) -> list[str]:
+def _compiled(schema, tokenizer: LLTokenizer) -> tuple[str | None, list[str]]:
+    """(the grammar of `schema`, []) or (None, why the engine refuses it)."""
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except (ValueError, TypeError) as e:
-        return [str(e)]
+        return None, [str(e)]
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    return list(messages) or ["the grammar engine refused it"] if failed else []
+    return (None, list(messages) or ["the grammar engine refused it"]) if failed else (grammar, [])
 
 
 def _children(schema: dict):
@@ -71,18 +72,15 @@ def _children(schema: dict):
             yield f"/{key}", schema[key]
 
 
-def _where(schema, tokenizer: LLTokenizer, path: str = "") -> tuple[str, str] | None:
-    """(the deepest part of `schema` that fails alone, why), or None if it compiles.
+def _where(schema, errors: list[str], tokenizer: LLTokenizer, path: str = "") -> tuple[str, str]:
+    """(the deepest part of `schema`, which fails with `errors`, that fails alone, why).
     A part that refers elsewhere ($ref) is judged with its whole schema."""
-    errors = _errors(schema, tokenizer)
-    if not errors:
-        return None
     if isinstance(schema, dict):
         for sub, child in _children(schema):
             if isinstance(child, dict) and "$ref" not in json.dumps(child):
-                found = _where(child, tokenizer, path + sub)
-                if found:
-                    return found
+                failed = _compiled(child, tokenizer)[1]
+                if failed:
+                    return _where(child, failed, tokenizer, path + sub)
     return path, errors[0]
 
 
@@ -91,10 +89,10 @@ def json_grammar(schema, tokenizer: LLTokenizer) -> str:
     schema as a dict; {"type": "object"}: any object). Raises SchemaError."""
     if not isinstance(schema, (dict, bool)):
         raise SchemaError("", f"a schema is an object, got {json.dumps(schema)[:60]}")
-    found = _where(schema, tokenizer)
-    if found:
-        raise SchemaError(*found)
-    return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    grammar, errors = _compiled(schema, tokenizer)
+    if errors:
+        raise SchemaError(*_where(schema, errors, tokenizer))
+    return grammar
 
 
 def lark_grammar(lark: str, tokenizer: LLTokenizer) -> str:
@@ -117,8 +115,8 @@ class Constraint:
     constrains = True
 
     def __post_init__(self):
+        self._start = LLMatcher(self.tokenizer, self.grammar)  # has read nothing; never dropped
         self._matchers: OrderedDict[tuple, LLMatcher] = OrderedDict()
-        self._matchers[()] = LLMatcher(self.tokenizer, self.grammar)
 
     def after(self, prompt) -> "Constraint":
         return self  # the grammar holds the answer alone
@@ -126,20 +124,20 @@ class Constraint:
     def matcher(self, answer) -> LLMatcher:
         """The matcher that has read `answer` (the tokens so far)."""
         key = tuple(answer)
+        if not key:
+            return self._start
         found = self._matchers.get(key)
         if found is not None:
             self._matchers.move_to_end(key)
             return found
-        start = next(n for n in range(len(key), -1, -1) if key[:n] in self._matchers)
-        matcher = self._matchers[key[:start]].deep_copy()
+        start = next((n for n in range(len(key) - 1, 0, -1) if key[:n] in self._matchers), 0)
+        matcher = (self._matchers[key[:start]] if start else self._start).deep_copy()
         for token in key[start:]:
             if not matcher.consume_token(token):  # a token it never allowed: only an end is left
                 break
         self._matchers[key] = matcher
         while len(self._matchers) > KEPT_MATCHERS:
             self._matchers.popitem(last=False)
-        if () not in self._matchers:
-            self._matchers[()] = LLMatcher(self.tokenizer, self.grammar)
         return matcher
 
     def allowed(self, answer) -> np.ndarray:
