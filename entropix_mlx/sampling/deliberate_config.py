@@ -10,10 +10,9 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 import math
 from dataclasses import dataclass
 
-from .cards import CardDocument, card_file
 from .selection import SELECTORS as SELECTOR_SCORES
 from .selection import VOTE_SELECTORS
-from .settings import THRESHOLD, Settings, at_least, card_table, layered, read_toml, rule, validate
+from .settings import THRESHOLD, Settings, at_least, card_data, card_table, layered, rule, validate
 
 SELECTORS = tuple(SELECTOR_SCORES)
 
@@ -152,8 +151,7 @@ def resolve_deliberate(card=None, config=None, reasoning: bool = False, **overri
     table = card_table(DeliberateConfig, card)
     settings = table or (DeliberateConfig(), "defaults")
     if reasoning and config is None:
-        path = card_file(card)
-        data = (card.data if isinstance(card, CardDocument) else read_toml(path)) if path else {}
+        path, data = card_data(card)
         fields, where = data.get(REASONING_TABLE), f"[{REASONING_TABLE}] of {path.name if path else ''}"
         if fields is None:
             fields, where = REASONING, "the default reasoning setting"

@@ -158,13 +158,19 @@ class Settings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
+def card_data(card) -> tuple[Path | None, dict]:
+    """(the file of `card`, its tables): a card file, a model name (its shipped
+    card) or a CardDocument, read once; (None, {}) when there is none."""
+    path = card_file(card)
+    if path is None:
+        return None, {}
+    return path, card.data if isinstance(card, CardDocument) else read_toml(path)
+
+
 def card_table(cls: type[Settings], card) -> tuple[Settings, str] | None:
     """The [kind] table of `card` (a card file, or a model name: its shipped card)
     over the defaults and its source, or None when there is no card or no such table."""
-    path = card_file(card)
-    if path is None:
-        return None
-    data = card.data if isinstance(card, CardDocument) else read_toml(path)
+    path, data = card_data(card)
     if cls.kind not in data:
         return None
     return cls.from_document(data, path), card_label(path, data)
