@@ -49,6 +49,14 @@ def check_tooltip(page, token):
     assert token.get_attribute("data-strategy") in text
 
 
+def wait_until_answered(page):
+    """Until the last answer's status line says how it stopped."""
+    page.wait_for_function(
+        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
+        timeout=120_000,
+    )
+
+
 def open_page(server, browser):
     """The page, its legend shown (the API key typed in if the browser's profile lacks it)."""
     page = browser.new_page()
@@ -86,10 +94,7 @@ def answered(server, browser, tmp_path_factory):
     page.fill("#seed", "3")
     page.fill("#prompt", "Why is the sky blue?")
     page.click("#send")
-    page.wait_for_function(
-        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-        timeout=120_000,
-    )
+    wait_until_answered(page)
     counts = page.evaluate("window.tokenCounts")
     assert not errors and not outside
     yield page, counts
@@ -250,10 +255,7 @@ def test_the_seed_shown_reproduces_the_answer(server, browser):
         page.fill("#seed", seed)
         page.fill("#prompt", "Tell me a story.")
         page.click("#send")
-        page.wait_for_function(
-            "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-            timeout=120_000,
-        )
+        wait_until_answered(page)
         status = page.locator(".msg.assistant:last-child .status").inner_text()
         text = "".join(page.locator(".msg.assistant:last-child .tok").all_inner_texts())
         page.click("#new-chat")
@@ -343,10 +345,7 @@ def test_the_empty_page_says_what_to_do_until_the_first_answer(server, browser):
     page.fill("#max-tokens", "2")
     page.fill("#prompt", "Hi")
     page.click("#send")
-    page.wait_for_function(
-        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-        timeout=120_000,
-    )
+    wait_until_answered(page)
     assert hint.is_hidden()
     page.click("#new-chat")
     assert hint.is_visible()  # a new chat is an empty page again
@@ -359,10 +358,7 @@ def test_a_json_answer_shades_each_value_by_how_unsure_the_model_was(server, bro
     page.fill("#max-tokens", "60")
     page.fill("#prompt", "Extract the facts as JSON: Ada Lovelace, 36, lives in London.")
     page.click("#send")
-    page.wait_for_function(
-        "() => /stopped: /.test(document.querySelector('.msg.assistant:last-child .status')?.textContent)",
-        timeout=120_000,
-    )
+    wait_until_answered(page)
     last = page.locator(".msg.assistant:last-child")
     text = "".join(last.locator(".tok").all_inner_texts())
     assert text.startswith("{")  # (the answer may run past max tokens: its complete values are shaded)
