@@ -10,9 +10,7 @@ import typer
 from rich.console import Console
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.distributed import check_same_model, world
-from entropix_mlx.front import LoadedModel, ModelCard
-from entropix_mlx.model.loading import resolve
+from entropix_mlx.distributed import world
 
 from .loaded import quiet_unless_root
 from .options import ModelOpt, WeightsOpt
@@ -31,6 +29,7 @@ PROFILE_STEPS = 16
 
 
 def bench(
+    ctx: typer.Context,
     model: ModelOpt = None,
     prompt_tokens: Annotated[
         int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")
@@ -75,14 +74,13 @@ def bench(
             print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
     w = world()  # under mlx.launch: both models split across the ranks, rank 0 prints
-    if w.size > 1:
-        check_same_model(w, resolve(model).path)
     schema = read_schema(json_schema)
-    ours, theirs, tokenizer, source = benchmark.load_pair(model, weights, w.group if w.size > 1 else None)
+    loaded = ctx.obj.load(model, weights, tensor_parallel=True)  # sharded under mlx.launch
+    ours, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source
+    theirs = benchmark.mlx_lm_model(source, w.group if w.size > 1 else None)
     quiet_unless_root(w)
     constraint = None
     if schema is not None:
-        loaded = LoadedModel(ours, tokenizer, source, ModelCard(source.name, None, "none"))
         loaded.constraint(schema)  # a schema it cannot hold stops here, in one line
         constraint = functools.partial(loaded.constraint, schema)
     result = benchmark.bench(
@@ -96,6 +94,7 @@ def bench(
         progress=progress,
         contended=contended,
         constraint=constraint,
+        sampler=loaded.sampler,
     )
     if profile:
         progress("profile")

@@ -11,10 +11,9 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, run_on_root, world
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.model.loading import load, model_identity, resolve
+from entropix_mlx.model.loading import model_identity, resolve
 from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
 
-from .loaded import warm_up_compiler
 from .options import ModelOpt, WeightsOpt
 from .signals import exit_code
 
@@ -23,6 +22,7 @@ from .signals import exit_code
 
 
 def calibrate(
+    ctx: typer.Context,
     model: ModelOpt = None,
     out: Annotated[
         Path | None,
@@ -82,8 +82,8 @@ def calibrate(
     if out is not None:
         run_on_root(w, lambda: check_writable(out))  # before minutes of work, not after
     check_same_model(w, resolve(model).path)
-    llm, tokenizer, source = load(model, return_source=True, weights=weights)
-    warm_up_compiler()  # so that Ctrl-C works from the first prompt on (see cli/run.py)
+    loaded = ctx.obj.load(model, weights, card=False)  # the card is what this measures
+    llm, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source
     identity = None
     if out is None:  # a model without a shipped card: its user card
         identity = model_identity(source)

@@ -4,7 +4,7 @@ import tomllib
 
 import numpy as np
 import pytest
-from conftest import make_tiny_model
+from conftest import SHELF, make_loaded, make_tiny_model, shelve
 
 from entropix_mlx import files
 from entropix_mlx.eval import calibrate as cal
@@ -106,15 +106,13 @@ def test_bundled_card_is_committed_and_valid():
 def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
-    model = make_tiny_model()
-    monkeypatch.setattr(
-        "entropix_mlx.cli.calibrate.load",
-        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
+    ref = shelve(
+        monkeypatch, tmp_path / "tiny.gguf", make_loaded(make_tiny_model(), tiny_tokenizer, tmp_path / "tiny.gguf")
     )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", "--out", str(out), "--max-tokens", "2"])
+        main(["calibrate", "-m", ref, "--out", str(out), "--max-tokens", "2"], shelf=SHELF)
     assert e.value.code == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert load_toml(out).low_entropy >= 0
@@ -147,7 +145,8 @@ def test_recalibrating_keeps_the_cards_other_tables(tmp_path):
     }
     assert data["deliberate"] == {"width": 4}
     assert "# how the settings were chosen\n[tuning]" in text
-    assert data["sampler"]["repetition_penalty"] == 3.0  # a tuned setting, kept
+    # a tuned setting, kept, under its name now (the card had the earlier one)
+    assert data["sampler"]["repetition_bits"] == 3.0 and "repetition_penalty" not in data["sampler"]
     assert data["calibration"]["steps"] == 1000 and text.count("[calibration]") == 1
 
 
@@ -249,17 +248,15 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
 def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
-    model = make_tiny_model()
-    monkeypatch.setattr(
-        "entropix_mlx.cli.calibrate.load",
-        lambda ref, return_source=False, weights="auto": (model, tiny_tokenizer, type("S", (), {"name": "tiny"})()),
+    ref = shelve(
+        monkeypatch, tmp_path / "tiny.gguf", make_loaded(make_tiny_model(), tiny_tokenizer, tmp_path / "tiny.gguf")
     )
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))  # calibration's, read when the CLI runs
     monkeypatch.setattr(tuning, "PROMPTS", ("Hello",))  # tuning's, bound at import
     monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": tuning.NO_THINK})))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", "--out", str(out), "--max-tokens", "2", "--tune", "--limit", "2"])
+        main(["calibrate", "-m", ref, "--out", str(out), "--max-tokens", "2", "--tune", "--limit", "2"], shelf=SHELF)
     assert e.value.code == 0
     printed = capsys.readouterr().out
     assert "no-think" in printed and "chose " in printed
@@ -270,7 +267,10 @@ def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     out.write_text(text)
     monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("margin-2", {"argmax_margin": 2.0}), ("margin-3", {})))
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", "--out", str(out), "--tune", "--keep-thresholds", "--only", "-2", "--limit", "2"])
+        main(
+            ["calibrate", "-m", ref, "--out", str(out), "--tune", "--keep-thresholds", "--only", "-2", "--limit", "2"],
+            shelf=SHELF,
+        )
     assert e.value.code == 0
     data = tomllib.loads(out.read_text())
     assert data["sampler"]["high_entropy"] == 99.0 and data["sampler"]["argmax_margin"] == 2.0

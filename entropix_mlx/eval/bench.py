@@ -1,5 +1,5 @@
 """`bench`: entropix-mlx against mlx-lm, in one process, on the same weights
-(or under `mlx.launch`, both split across the ranks: see `load_pair`).
+(or under `mlx.launch`, both split across the ranks: see `mlx_lm_model`).
 
 Three variants generate the same number of tokens from the same prompt:
 
@@ -47,6 +47,7 @@ caller). `contended=True` runs the whole bench beside a busy neighbour
 import os
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -62,8 +63,7 @@ from ..decode.generate import generate
 from ..errors import ConfigError
 from ..front.registry import build
 from ..model.convert import cached_conversion
-from ..model.loading import download, load
-from ..model.sharding import shard
+from ..model.loading import download
 from .neighbour import busy_neighbour, cores
 
 VARIANTS = ("mlx_lm", "entropix_greedy", "entropix")
@@ -213,30 +213,28 @@ def start_entropix(
     )
 
 
-def load_pair(ref: str | None, weights: str = "auto", group=None):
-    """Our model (`weights` as for `load`), mlx-lm's own implementation of its family on
-    the same weights in the file's own format (what a user of mlx-lm gets: a GGUF file
-    goes through `convert`, cached), the tokenizer, the source. With `group` (a launch
-    of several ranks): both split across its ranks, each the way its own project splits
-    it, so every rank runs the bench in lockstep."""
-    ours, tokenizer, source = load(ref, return_source=True, weights=weights)
+def mlx_lm_model(source, group=None):
+    """mlx-lm's own implementation of the model family of `source` on the same weights
+    in the file's own format (what a user of mlx-lm gets: a GGUF file goes through
+    `convert`, cached). With `group` (a launch of several ranks): split across its
+    ranks the way mlx-lm splits it, as ours is (`cli.loaded.Shelf`), so every rank
+    runs the bench in lockstep."""
     if source.kind in ("bundled", "gguf"):
         theirs, _ = load_model(cached_conversion(source.path))
     else:
         path = source.path if source.kind == "directory" else download(source.ref)
         theirs, _ = load_model(path)
     if group is not None:
-        shard(ours, group)
         theirs.shard(group)
         mx.eval(theirs.parameters())
-    return ours, theirs, tokenizer, source
+    return theirs
 
 
-def make_samplers(tokenizer, model_name: str | None):
+def make_samplers(sampler: Callable):
     return {
-        "entropix_greedy": lambda: build("greedy"),  # as the CLI builds greedy
-        "entropix": lambda: build("entropix", tokenizer, card=model_name),
-        SCHEMA_VARIANT: lambda: build("entropix", tokenizer, card=model_name),
+        "entropix_greedy": lambda: sampler("greedy"),  # as the CLI builds greedy
+        "entropix": lambda: sampler("entropix"),
+        SCHEMA_VARIANT: lambda: sampler("entropix"),
     }
 
 
@@ -298,11 +296,14 @@ def bench(
     progress=None,
     contended: bool = False,
     constraint=None,
+    sampler: Callable | None = None,
 ) -> dict:
     """Run the three variants `repeats` times, interleaved; medians and ratios.
     `contended`: beside a NumPy matrix-product loop on every core (neighbour.py), from
     before the warm-up to after the last run. `constraint()`: a fresh JSON-schema
-    constraint (front.LoadedModel.constraint), for a fourth variant, Entropix under it."""
+    constraint (front.LoadedModel.constraint), for a fourth variant, Entropix under it.
+    `sampler(name)`: a sampler with the model's card (front.LoadedModel.sampler; default:
+    the card `model_name` names)."""
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
     context = ours.args.max_position_embeddings
@@ -312,7 +313,7 @@ def bench(
             f"context holds {context}; ask for fewer tokens",
             settings=("prompt_tokens", "gen_tokens"),
         )
-    samplers = make_samplers(tokenizer, model_name)
+    samplers = make_samplers(sampler or (lambda name: build(name, tokenizer, card=model_name)))
     prompt = bench_prompt(tokenizer, prompt_tokens)
     variants = VARIANTS + ((SCHEMA_VARIANT,) if constraint is not None else ())
     runs = {name: [] for name in variants}
