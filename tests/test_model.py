@@ -11,6 +11,7 @@ import pytest
 from conftest import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 from mlx_lm.models import llama
 from mlx_lm.models.rope_utils import Llama3RoPE
+from mlx_lm.utils import dequantize_model
 
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.model.cache import fork_cache, make_cache
@@ -297,55 +298,64 @@ def test_freqs_rope_matches_llama3_rope():
 
 @pytest.fixture(scope="module")
 def mlx_lm_bundled():
-    """mlx-lm's `llama.Model` built from the bundled GGUF (same weights as `smollm`)."""
-    model, _ = load_gguf(bundled_path(), llama.Model, llama.ModelArgs)
-    return model
+    """mlx-lm's `llama.Model` built from the bundled GGUF (same weights as `smollm`): as
+    stored (Q4_1), and dequantized with float32 scales, as `--weights float32` makes ours.
+    MLX's quantized products are slow on a CPU, so the long comparisons use the second."""
+    native, _ = load_gguf(bundled_path(), llama.Model, llama.ModelArgs)
+    exact, _ = load_gguf(bundled_path(), llama.Model, llama.ModelArgs)
+    exact.set_dtype(mx.float32)
+    return native, dequantize_model(exact)
 
 
 @pytest.mark.slow
-def test_bundled_logits_match_mlx_lm(smollm_native, mlx_lm_bundled):
-    """Prefill and 20 greedy decode steps: max |logit difference| < 1e-2 and the
-    same argmax at every step; scores grow by one key per step."""
+def test_bundled_logits_match_mlx_lm(smollm_native, smollm_float32, mlx_lm_bundled):
+    """As stored, the prompt's logits; dequantized, prefill and 20 greedy decode steps:
+    max |logit difference| < 1e-2 and the same argmax at every step; scores grow by one
+    key per step."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = smollm_native
+    (native, tokenizer), (model, _) = smollm_native, smollm_float32
+    theirs_native, theirs = mlx_lm_bundled
+    ids = tokenizer.encode("Which number is larger, 9.9 or 9.11?")
+    logits, _ = native(mx.array([ids]), make_cache(native))
+    ref = theirs_native(mx.array([ids]), cache=make_prompt_cache(theirs_native))
+    assert mx.abs(logits - ref).max().item() < 1e-2
+    assert mx.array_equal(mx.argmax(logits, -1), mx.argmax(ref, -1))
+
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Which number is larger, 9.9 or 9.11?"}], add_generation_prompt=True
     )
-    cache, ref_cache = make_cache(model), make_prompt_cache(mlx_lm_bundled)
+    cache, ref_cache = make_cache(model), make_prompt_cache(theirs)
     logits, scores = model(mx.array([ids]), cache)
-    ref = mlx_lm_bundled(mx.array([ids]), cache=ref_cache)
+    ref = theirs(mx.array([ids]), cache=ref_cache)
     assert mx.abs(logits - ref).max().item() < 1e-2
     assert mx.array_equal(mx.argmax(logits, -1), mx.argmax(ref, -1))
     for step in range(20):
         token = mx.argmax(logits[0, -1]).item()
         assert token == mx.argmax(ref[0, -1]).item()
         logits, scores = model(mx.array([[token]]), cache)
-        ref = mlx_lm_bundled(mx.array([[token]]), cache=ref_cache)
+        ref = theirs(mx.array([[token]]), cache=ref_cache)
         assert mx.abs(logits - ref).max().item() < 1e-2, f"step {step}"
         assert len(scores) == 30 and scores[0].shape == (1, 9, len(ids) + step + 1)
     assert mx.argmax(logits[0, -1]).item() == mx.argmax(ref[0, -1]).item()
 
 
 @pytest.mark.slow
-def test_bundled_greedy_continuations_match_mlx_lm(smollm_native, mlx_lm_bundled):
+def test_bundled_greedy_continuations_match_mlx_lm(smollm_float32, mlx_lm_bundled):
     """Our decode loop with GreedySampler gives the same tokens as mlx-lm's
     `stream_generate` (greedy) on mlx-lm's model, for several prompts."""
     from mlx_lm import stream_generate
 
-    model, tokenizer = smollm_native
-    # Raw text, not the chat template: on MLX's CPU backend a prompt token costs
-    # about as much as a decode step, and the template adds a 30-token preamble
-    # (the logits test above already runs the chat template).
+    (model, tokenizer), (_, theirs) = smollm_float32, mlx_lm_bundled
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 9.11"]
     for prompt in prompts:
         ids = tokenizer.encode(prompt)
-        theirs = [
-            r.token for r in stream_generate(mlx_lm_bundled, tokenizer, ids, max_tokens=12) if r.finish_reason != "stop"
+        expected = [
+            r.token for r in stream_generate(theirs, tokenizer, ids, max_tokens=12) if r.finish_reason != "stop"
         ]
         ours = [event.token for event in generate(model, tokenizer, ids, GreedySampler(), max_tokens=12)]
         assert len(ours) == 12
-        assert ours == theirs, prompt
+        assert ours == expected, prompt
 
 
 # --------------------------------------------------------------------------
