@@ -14,7 +14,7 @@ from entropix_mlx.sampling.metrics import logits_entropy
 # every step a branch of 3 candidates rolled out 6 tokens; no repetition rule cutting the path short
 ALWAYS_BRANCH = dict(
     low_entropy=0.0, low_varentropy=0.0, medium_entropy=1e3, high_entropy=1e3, high_varentropy=0.0,
-    strategies=("branch", "adaptive"), branch_rollout_tokens=6, branch_candidates=3, repetition_penalty=0.0,
+    strategies=("branch", "adaptive"), branch_rollout_tokens=6, branch_candidates=3, repetition_bits=0.0,
 )  # fmt: skip
 
 

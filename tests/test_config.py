@@ -47,6 +47,17 @@ def test_unknown_setting_is_named():
         SamplerConfig().replace(temprature=1.0)
 
 
+def test_entropix_repetition_score_read_under_its_earlier_name(tmp_path):
+    # cards written before the rename call repetition_bits by llama.cpp's request parameter's name
+    old = tmp_path / "old.toml"
+    old.write_text("[sampler]\nrepetition_penalty = 0.5\n")
+    assert load_toml(old).repetition_bits == 0.5
+    assert SamplerConfig().replace(repetition_penalty=1.5).repetition_bits == 1.5
+    assert "repetition_penalty" not in SamplerConfig().to_dict()
+    with pytest.raises(ConfigError, match="setting .repetition_bits. = -1.0 is invalid"):
+        SamplerConfig.from_dict({"repetition_penalty": -1.0})
+
+
 def test_reference_defaults():
     c = SamplerConfig()
     assert (c.temperature, c.top_p, c.top_k, c.min_p, c.adaptive_samples) == (0.666, 0.90, 27, 0.03, 5)

@@ -176,7 +176,7 @@ def _plan_tokens(sampler, seed):
 
 
 def test_adaptive_score_can_prefer_a_less_likely_candidate():
-    sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3))
+    sampler = EntropixSampler(SamplerConfig(repetition_bits=2.0, repetition_ngram=3))
     # Token 0 is the most likely (2.0 vs 1.5 nats: 0.72 bits apart), but "7 8 0" already occurred.
     history = [7, 8, 0, 5, 7, 8]
     assert sampler.adaptive_score(0, -1.0, history) == pytest.approx(-1.0 / math.log(2) - 2.0)

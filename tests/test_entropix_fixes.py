@@ -55,7 +55,7 @@ def test_repeat_counts_and_path_repeats():
     assert path_repeats(history, [7, 5, 6], 3) == 1 + 2 + 3
     # A path's own repetition counts too
     assert path_repeats([], [1, 1, 1, 1, 1], 3) == 0 + 0 + 1 + 3
-    sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3))
+    sampler = EntropixSampler(SamplerConfig(repetition_bits=2.0, repetition_ngram=3))
     assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(-3.0 / math.log(2) - 2.0 * 6)
 
 
@@ -111,7 +111,7 @@ def test_branch_path_score_refuses_a_repeated_path():
     prompt = [1, 40, 50, 60]
     key = mx.random.key(5)
     base = dict(branch_candidates=3, branch_rollout_tokens=3, **ALWAYS_BRANCH)
-    plain = EntropixSampler(SamplerConfig(repetition_penalty=0.0, **base))
+    plain = EntropixSampler(SamplerConfig(repetition_bits=0.0, **base))
     s = _branch_step(model, prompt, [])
     plan = plain.plan(s, key)
     mx.eval(plan)
@@ -125,7 +125,7 @@ def test_branch_path_score_refuses_a_repeated_path():
     # the likelihood alone still prefers it (the model's logits are the same), the score does not.
     history = likeliest * 2
     assert plain.choose(_branch_step(model, prompt, history), key).tokens == likeliest
-    scored = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3, **base))
+    scored = EntropixSampler(SamplerConfig(repetition_bits=2.0, repetition_ngram=3, **base))
     choice = scored.choose(_branch_step(model, prompt, history), key)
     assert choice.tokens != likeliest
     assert path_repeats(history, choice.tokens, 3) < path_repeats(history, likeliest, 3)
@@ -140,7 +140,7 @@ def test_branching_generation_loops_less_than_greedy_on_a_tiny_model(tiny_tokeni
     greedy = [e.token for e in generate(model, tiny_tokenizer, prompt, GreedySampler(), max_tokens=n)]
     share = {}
     for penalty in (0.0, 2.0):
-        config = SamplerConfig(repetition_penalty=penalty, **ALWAYS_BRANCH)
+        config = SamplerConfig(repetition_bits=penalty, **ALWAYS_BRANCH)
         tokens = []
         for seed in range(3):
             sampler = build("entropix", tiny_tokenizer, config=config)
@@ -158,13 +158,13 @@ ARGMAX_HERE = dict(low_entropy=2.0, low_varentropy=3.0)
 
 
 def test_argmax_takes_the_likeliest_token_unless_it_repeats():
-    sampler = EntropixSampler(SamplerConfig(repetition_penalty=2.0, repetition_ngram=3, **ARGMAX_HERE))
+    sampler = EntropixSampler(SamplerConfig(repetition_bits=2.0, repetition_ngram=3, **ARGMAX_HERE))
     assert sampler.choose(step(CLOSE, tokens=[9, 8]), mx.random.key(0)).tokens == [0]
     repeat = sampler.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0))  # "9 8 0" again
     assert repeat.strategy == "argmax" and repeat.tokens == [1]
     lp = np.array(CLOSE) - np.log(np.exp(np.array(CLOSE)).sum())
     assert repeat.logprobs[0] == pytest.approx(lp[1], abs=1e-4)  # the model's log p, not the score
-    off = EntropixSampler(SamplerConfig(repetition_penalty=0.0, **ARGMAX_HERE))
+    off = EntropixSampler(SamplerConfig(repetition_bits=0.0, **ARGMAX_HERE))
     assert off.choose(step(CLOSE, tokens=[9, 8, 0, 7, 9, 8]), mx.random.key(0)).tokens == [0]
     # A token far likelier than the rest stays, whatever it repeats (here 1 earlier occurrence: 2 bits < 14).
     far = [10.0, 0.0] + [-10.0] * (V - 2)
@@ -215,7 +215,7 @@ def test_confidence_branch_takes_the_most_likely_tokens_and_the_surest_continuat
         branch_candidates=3,
         branch_rollout_tokens=4,
         branch_select="confidence",
-        repetition_penalty=0.0,
+        repetition_bits=0.0,
         **ALWAYS_BRANCH,
     )
     overtaken = 0
@@ -240,7 +240,7 @@ def test_confidence_branch_takes_the_most_likely_tokens_and_the_surest_continuat
 
 
 def test_confidence_ranks_repeating_paths_last_and_stops_at_the_end_of_turn():
-    sampler = EntropixSampler(SamplerConfig(branch_select="confidence", repetition_penalty=2.0, repetition_ngram=3))
+    sampler = EntropixSampler(SamplerConfig(branch_select="confidence", repetition_bits=2.0, repetition_ngram=3))
     sampler.eos_tokens = [EOS]
     history = [7, 8, 9, 7, 8]
     paths = [[9, 7, 8], [5, 6, 11], [12, 13, 14]]  # the first repeats "7 8 9" and "8 9 7"
@@ -310,7 +310,7 @@ def test_a_branch_hands_out_its_path_only_up_to_its_first_repetition(tiny_tokeni
         branch_candidates=3,
         branch_rollout_tokens=12,
         branch_select="confidence",
-        repetition_penalty=2.0,
+        repetition_bits=2.0,
         **ALWAYS_BRANCH,
     )
     greedy = [e.token for e in generate(model, tiny_tokenizer, prompt, GreedySampler(), max_tokens=48)]
@@ -358,7 +358,7 @@ def test_a_confidence_rollout_stops_once_every_path_has_ended_its_turn():
         branch_candidates=3,
         branch_rollout_tokens=depth,
         branch_select="confidence",
-        repetition_penalty=0.0,
+        repetition_bits=0.0,
         think_varentropy=0.0,
         **ALWAYS_BRANCH,
     )
@@ -423,7 +423,7 @@ def test_a_scored_rollout_follows_the_score(tiny_tokenizer):
         branch_rollout_tokens=depth,
         branch_select="confidence",
         branch_rollout="scored",
-        repetition_penalty=2.0,
+        repetition_bits=2.0,
         think_varentropy=0.0,
         **ALWAYS_BRANCH,
     )
@@ -460,7 +460,7 @@ def test_a_branch_decided_early_rolls_only_the_winner_on(rollout):
         branch_candidates=3,
         branch_select="confidence",
         branch_rollout=rollout,
-        repetition_penalty=2.0,
+        repetition_bits=2.0,
         think_varentropy=0.0,
         **ALWAYS_BRANCH,
     )

@@ -559,6 +559,7 @@ def test_a_config_files_deliberate_table_sets_deliberate(tiny_ref, tmp_path):
 
 def test_a_folder_resumes_when_only_settings_added_since_are_new_at_their_defaults(tmp_path):
     from entropix_mlx.eval.store import ResultStore, settings_changed
+    from entropix_mlx.sampling.config import SamplerConfig
     from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 
     now = DeliberateConfig(selector="continuation_margin").to_dict()
@@ -567,6 +568,10 @@ def test_a_folder_resumes_when_only_settings_added_since_are_new_at_their_defaul
     assert settings_changed(before, {**now, "stop_share": 1.0})  # a new setting away from its default
     assert settings_changed({**before, "margin": 0.3}, now)  # an old setting changed
     assert settings_changed({**before, "gone": 1}, now)  # a setting the code no longer has
+    entropix = SamplerConfig().to_dict()
+    earlier = {("repetition_penalty" if k == "repetition_bits" else k): v for k, v in entropix.items()}
+    assert not settings_changed(earlier, entropix)  # a folder written before a setting was renamed
+    assert settings_changed({**earlier, "repetition_penalty": 0.0}, entropix)
     identity = {"model": "m", "samplers": {"deliberate": before}}
     ResultStore(tmp_path / "run", identity)
     ResultStore(tmp_path / "run", {**identity, "samplers": {"deliberate": now}})  # resumes

@@ -144,7 +144,7 @@ def test_entropix_rollouts_are_penalised_along_their_paths():
         strategies=("argmax", "branch", "adaptive"),
         branch_candidates=3,
         branch_rollout_tokens=8,
-        repetition_penalty=0.0,  # Entropix's own repetition score, off: only the request's penalties act
+        repetition_bits=0.0,  # Entropix's own repetition score, off: only the request's penalties act
         high_entropy=1e9,
         **always_branch,
     )

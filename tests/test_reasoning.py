@@ -34,7 +34,7 @@ def test_the_default_profile_changes_the_card_it_lies_over(cards):
 
 def test_a_cards_own_table_replaces_the_default(cards):
     cfg, source = resolve_config("own", reasoning=True)
-    assert cfg.repetition_ngram == 7 and cfg.repetition_penalty == 2.0 and "[reasoning] of own.toml" in source
+    assert cfg.repetition_ngram == 7 and cfg.repetition_bits == 2.0 and "[reasoning] of own.toml" in source
     assert resolve_config("own")[0].repetition_ngram == SamplerConfig().repetition_ngram  # only when asked
 
 

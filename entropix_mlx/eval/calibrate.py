@@ -299,7 +299,7 @@ def calibrate(
     except (OSError, UnicodeDecodeError, ConfigError):  # a corrupt card is replaced whole
         old_text = old = None
     if old is not None:
-        kept = {k: v for k, v in old.items() if k not in found}
+        kept = {k: v for k, v in SamplerConfig.current_names(old).items() if k not in found}
         fields, extra = {**found, "thinking_text": SamplerConfig().thinking_text, **kept}, other_tables(old_text)
         rules = None
     else:

@@ -114,7 +114,7 @@ TUNED_FIELDS = (
     "argmax_margin",
     "thinking_text",
     "max_thinking_insertions",
-    "repetition_penalty",
+    "repetition_bits",
     "repetition_ngram",
     "adaptive_samples",
     "adaptive_max_temperature",

@@ -37,6 +37,9 @@ BRANCH_ROLLOUTS = ("greedy", "scored")
 @dataclass(frozen=True)
 class SamplerConfig(Settings):
     kind = "sampler"
+    # Entropix's repetition score is in bits; `repetition_penalty` is llama.cpp's
+    # divisor of the logits (a request parameter, penalties.py).
+    renamed = {"repetition_penalty": "repetition_bits"}
 
     # Base sampling parameters (reference v1).
     temperature: float = 0.666
@@ -72,7 +75,7 @@ class SamplerConfig(Settings):
 
     # Adaptive: draw this many candidates (distinct random keys) and keep the
     # best-scored one. Every strategy chooses by that score: log-probability
-    # (bits) minus repetition_penalty (bits) per repetition unit, i.e. each
+    # (bits) minus repetition_bits per repetition unit, i.e. each
     # earlier occurrence in the answer of the n-gram (length repetition_ngram)
     # the token would complete, plus each token by which the longest repeated
     # span exceeds n (entropix.repeat_counts).
@@ -82,7 +85,7 @@ class SamplerConfig(Settings):
     # Resample draws at T * (2 + 0.5 * attention varentropy), and never below this
     # temperature: the reference's floor, hot enough to leave a rut.
     resample_temperature: float = 2.0
-    repetition_penalty: float = 2.0
+    repetition_bits: float = 2.0
     repetition_ngram: int = 3
 
     # Branch: fork the KV cache, roll out this many candidate first tokens for
@@ -164,7 +167,7 @@ RULES = {
     "adaptive_top_k_max": at_least(1),
     "adaptive_max_temperature": rule(lambda v: v > 0, "must be > 0"),
     "resample_temperature": rule(lambda v: v > 0, "must be > 0"),
-    "repetition_penalty": at_least(0, "bits"),
+    "repetition_bits": at_least(0, "bits"),
     "repetition_ngram": at_least(1),
     "branch_candidates": at_least(1),
     "branch_rollout_tokens": at_least(1),
@@ -195,7 +198,7 @@ PRESETS = ("reference", "calibrated")
 
 # The default reasoning profile, chosen on GSM8K train items (docs/sampler.md,
 # "Reasoning"): a card's [reasoning] table replaces it.
-REASONING = {"repetition_penalty": 0.0, "adaptive_max_temperature": 0.7}
+REASONING = {"repetition_bits": 0.0, "adaptive_max_temperature": 0.7}
 
 
 def resolve_config(card=None, config=None, reasoning: bool = False, **overrides) -> tuple[SamplerConfig, str]:

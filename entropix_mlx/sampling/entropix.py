@@ -36,7 +36,7 @@ Strategies (stable names, used in JSON and colours):
            with the best score.
 
 Scores. Every strategy chooses by one score per token,
-    score = log2 p(token) - repetition_penalty * repetition units
+    score = log2 p(token) - repetition_bits * repetition units
 (`repeat_counts`: the times the n-gram it completes, n = repetition_ngram,
 already occurred in the answer, plus the tokens by which the longest such
 repeated span exceeds n, so copying a phrase gets dearer with every token). It is applied where tokens are chosen, not where the
@@ -116,7 +116,7 @@ class EntropixSampler(TwoPhaseSampler):
 
     def bias(self, history: list[int]) -> tuple[mx.array, mx.array]:
         """The score's bias (nats) on a few tokens, padded to BIAS_SLOTS:
-        (ids, values). Repeated n-grams cost repetition_penalty bits per earlier
+        (ids, values). Repeated n-grams cost repetition_bits per earlier
         occurrence; right after a thinking insertion the end-of-turn tokens are
         banned (-inf)."""
         values = self.repetition_bias(history)
@@ -132,10 +132,10 @@ class EntropixSampler(TwoPhaseSampler):
         """{token: the score's repetition bias in nats} after `history`, for the
         BIAS_SLOTS most repeated tokens."""
         c = self.config
-        if c.repetition_penalty <= 0:
+        if c.repetition_bits <= 0:
             return {}
         counts = repeat_counts(history, c.repetition_ngram).most_common(BIAS_SLOTS)
-        return {t: -c.repetition_penalty * k / NATS_TO_BITS for t, k in counts}
+        return {t: -c.repetition_bits * k / NATS_TO_BITS for t, k in counts}
 
     def plan(self, step: Step, key: mx.array) -> dict:
         """Metrics, every strategy's parameters and candidates, as lazy arrays.
@@ -335,16 +335,16 @@ class EntropixSampler(TwoPhaseSampler):
         )
 
     def adaptive_score(self, token: int, logprob: float, history: list[int]) -> float:
-        """log2 p(token) minus repetition_penalty bits for every earlier
+        """log2 p(token) minus repetition_bits for every earlier
         occurrence, in `history`, of the n-gram that `token` would complete."""
         return self.path_score([token], [logprob], history)
 
     def path_score(self, path: list[int], logprobs: list[float], history: list[int]) -> float:
         """The score of a sequence of tokens after `history`: total log2 p minus
-        repetition_penalty bits per repeated n-gram it completes (over history
+        repetition_bits per repeated n-gram it completes (over history
         and the path so far)."""
-        repeats = path_repeats(history, path, self.config.repetition_ngram) if self.config.repetition_penalty else 0
-        return sum(logprobs) * NATS_TO_BITS - self.config.repetition_penalty * repeats
+        repeats = path_repeats(history, path, self.config.repetition_ngram) if self.config.repetition_bits else 0
+        return sum(logprobs) * NATS_TO_BITS - self.config.repetition_bits * repeats
 
     # -- strategies that run the model ----------------------------------------------
 

@@ -35,7 +35,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     n, depth = len(cands), sampler.config.branch_rollout_tokens
     decide = sampler.config.branch_decide_tokens or depth
     confidence = sampler.config.branch_select in CONFIDENCE_SELECTS
-    scored = sampler.config.branch_rollout == "scored" and sampler.config.repetition_penalty > 0
+    scored = sampler.config.branch_rollout == "scored" and sampler.config.repetition_bits > 0
     penalties = step.penalties
     # each row's tokens known on the host
     synced = scored or (confidence and bool(sampler.eos_tokens)) or penalties is not None
@@ -61,7 +61,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
         if (
             n == 1
             and synced
-            and sampler.config.repetition_penalty
+            and sampler.config.repetition_bits
             and first_repeat(step.tokens, said[0][len(step.tokens) :], sampler.config.repetition_ngram) < len(path)
         ):
             break  # the path is handed out only up to here: rolling on would be thrown away
@@ -88,7 +88,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     # with repetition units (at least its first token), so a looping continuation is
     # never handed out whole; the next step decides there, with the score.
     keep = len(paths[best])
-    if sampler.config.repetition_penalty:
+    if sampler.config.repetition_bits:
         keep = max(1, first_repeat(step.tokens, paths[best], sampler.config.repetition_ngram))
     end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
     # The step's cache takes the winner's rollout keys: up to the end of the turn, for a
@@ -154,7 +154,7 @@ def best_path(
         return sum(seen) / len(seen) if seen else 0.0
 
     def repeats(i):
-        if not c.repetition_penalty:
+        if not c.repetition_bits:
             return 0
         return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram)
 

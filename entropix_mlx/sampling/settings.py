@@ -109,6 +109,9 @@ class Settings:
     ("sampler setting ...") and is their table in a TOML file ([sampler])."""
 
     kind: ClassVar[str]
+    # A setting's earlier name -> its name now: cards and config files written
+    # before a rename still read.
+    renamed: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> Self:
@@ -117,12 +120,12 @@ class Settings:
         become floats and whole floats ints where the field says so; every
         other value is checked as given."""
         kinds = {f.name: f.type for f in fields(cls)}
-        unknown = [k for k in data if k not in kinds]
+        values = cls.current_names(data)
+        unknown = [k for k in values if k not in kinds]
         if unknown:
             raise ConfigError(
                 f"unknown {cls.kind} setting '{unknown[0]}' in {source}; known settings: {', '.join(kinds)}"
             )
-        values = dict(data)
         for name, value in values.items():
             kind = kinds[name]
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -132,6 +135,12 @@ class Settings:
             elif isinstance(value, list) and holds_tuple(kind):
                 values[name] = tuple(value)
         return cls(**values)
+
+    @classmethod
+    def current_names(cls, data: dict) -> dict:
+        """`data` with earlier names of settings replaced by their names now (a
+        later key wins, as it would under one name)."""
+        return {cls.renamed.get(k, k): v for k, v in data.items()}
 
     @classmethod
     def from_toml(cls, path, base: Self | None = None) -> Self:
