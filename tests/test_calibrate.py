@@ -106,9 +106,9 @@ def test_bundled_card_is_committed_and_valid():
 def test_cli_calibrate_writes_the_card(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
-    ref = shelve(
-        monkeypatch, tmp_path / "tiny.gguf", make_loaded(make_tiny_model(), tiny_tokenizer, tmp_path / "tiny.gguf")
-    )
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"")  # a file the CLI resolves; the shelf holds the model loaded from it
+    ref = shelve(monkeypatch, path, make_loaded(make_tiny_model(), tiny_tokenizer, path))
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))
     out = tmp_path / "card.toml"
     with pytest.raises(SystemExit) as e:
@@ -248,9 +248,9 @@ def test_tune_on_a_tiny_model_writes_the_chosen_settings_and_every_trial(tmp_pat
 def test_cli_calibrate_tune(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from entropix_mlx.cli.app import main
 
-    ref = shelve(
-        monkeypatch, tmp_path / "tiny.gguf", make_loaded(make_tiny_model(), tiny_tokenizer, tmp_path / "tiny.gguf")
-    )
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"")  # a file the CLI resolves; the shelf holds the model loaded from it
+    ref = shelve(monkeypatch, path, make_loaded(make_tiny_model(), tiny_tokenizer, path))
     monkeypatch.setattr(cal, "PROMPTS", ("Hello",))  # calibration's, read when the CLI runs
     monkeypatch.setattr(tuning, "PROMPTS", ("Hello",))  # tuning's, bound at import
     monkeypatch.setattr(tuning, "TUNE_CANDIDATES", (("card", {}), ("no-think", {"strategies": tuning.NO_THINK})))
