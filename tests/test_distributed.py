@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_tiny_model
-from test_cli_run import cli_command
+from test_cli_run import cli_command, invoke
 from test_loading import GGUF_CONFIG, write_gguf
 
 from entropix_mlx import distributed, files
@@ -181,13 +181,13 @@ def test_ranks_with_different_model_files_stop_with_one_line(model_file, tmp_pat
 
 @pytest.mark.slow
 def test_two_ranks_calibrate_and_tune_as_one_process(model_file, tmp_path):
-    args = ["calibrate", "-m", model_file, "--max-tokens", "3", "--tune", "--limit", "4", "--only", "margin-1"]
-    alone = subprocess.run(cli(*args, "--out", tmp_path / "one.toml"), capture_output=True, text=True, timeout=TIMEOUT)
-    assert alone.returncode == 0, alone.stderr
+    args = ["calibrate", "-m", model_file, "--max-tokens", "3", "--tune", "--limit", "2", "--only", "margin-1"]
+    code, alone, err = invoke(*args, "--out", tmp_path / "one.toml")  # one process: this one
+    assert code == 0, err
     two = launch(2, *cli(*args, "--out", tmp_path / "two.toml"))
     assert "exited with code" not in two.stderr, two.stderr
     assert (tmp_path / "two.toml").read_text() == (tmp_path / "one.toml").read_text()
-    assert two.stdout.replace("two.toml", "one.toml") == alone.stdout  # printed once, by rank 0
+    assert two.stdout.replace("two.toml", "one.toml") == alone  # printed once, by rank 0
 
 
 @pytest.mark.slow
@@ -225,11 +225,11 @@ def test_a_world_size_that_does_not_divide_the_kv_heads_is_one_error(tiny_model)
 @pytest.mark.slow
 def test_run_on_two_ranks_answers_as_one_process(model_file):
     args = ["run", "-m", model_file, "--json", "--max-tokens", "12", "Hello there"]
-    alone = subprocess.run(cli(*args), capture_output=True, text=True, timeout=TIMEOUT)
+    _, alone, _ = invoke(*args)  # one process: this one
     two = launch(2, *cli(*args))
     assert "exited with code" not in two.stderr, two.stderr
     one_lines, two_lines = (
-        [json.loads(line) for line in p.stdout.splitlines()] for p in (alone, two)
+        [json.loads(line) for line in out.splitlines()] for out in (alone, two.stdout)
     )  # rank 1 printed nothing: as many lines as one process
     assert len(two_lines) == len(one_lines) == 13
     for a, b in zip(one_lines[:-1], two_lines[:-1], strict=True):
@@ -266,11 +266,11 @@ def without_speed(text: str) -> str:
 @pytest.mark.slow
 def test_bench_on_two_ranks_prints_once_with_half_the_memory(model_file):
     args = ["bench", "-m", model_file, "--prompt-tokens", "8", "--gen-tokens", "6", "--repeats", "1", "--json"]
-    alone = subprocess.run(cli(*args), capture_output=True, text=True, timeout=TIMEOUT)
-    assert alone.returncode == 0, alone.stderr
+    code, alone, err = invoke(*args)  # one process: this one
+    assert code == 0, err
     two = launch(2, *cli(*args))
     assert "exited with code" not in two.stderr, two.stderr
-    one_result, (two_result,) = json.loads(alone.stdout), [json.loads(line) for line in two.stdout.splitlines()]
+    one_result, (two_result,) = json.loads(alone), [json.loads(line) for line in two.stdout.splitlines()]
     assert "ranks" not in one_result and two_result["ranks"] == 2  # rank 0 alone printed
     for name in ("mlx_lm", "entropix_greedy", "entropix"):
         assert two_result[name]["tokens"] == 6
@@ -297,10 +297,9 @@ def test_ranks_with_their_own_caches_measure_one_card_together(model_file, tmp_p
     cards = [sorted(p.name for p in (tmp_path / f"rank{r}").glob("tiny-*.toml")) for r in (0, 1)]
     assert cards[0] == cards[1] and len(cards[0]) == 1  # every rank wrote the card its sampler reads
     assert (tmp_path / "rank0" / cards[0][0]).read_text() == (tmp_path / "rank1" / cards[0][0]).read_text()
-    again = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
     (tmp_path / "rank1" / cards[0][0]).unlink()  # now only rank 0 has it: both must measure again, together
-    third = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
-    assert "exited with code" not in third.stderr, third.stderr
-    tokens = [[json.loads(line).get("token") for line in p.stdout.splitlines()] for p in (two, again, third)]
-    assert tokens[0] == tokens[1] == tokens[2] and len(tokens[0]) == 9
+    again = launch(2, sys.executable, "-c", CARDS_PER_RANK, str(tmp_path), *args)
+    assert "exited with code" not in again.stderr, again.stderr
+    tokens = [[json.loads(line).get("token") for line in p.stdout.splitlines()] for p in (two, again)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 9
     assert (tmp_path / "rank1" / cards[0][0]).is_file()
