@@ -84,26 +84,26 @@ def test_progress_lines_number_the_branches_as_the_summary_does(tiny_ref):
     assert f"chose {chosen}" in err
 
 
-@pytest.mark.parametrize(
-    "prompt",
-    [
-        "Write a haiku about rain.",  # greedy loops "a gentle rain, a gentle rain, ..." to the 256-token limit
-        "Tom has 3 apples, buys 5 more and gives 2 away. How many apples does he have?",
-    ],
-)
-def test_the_bundled_model_never_keeps_a_loop(smollm, prompt):
-    from entropix_mlx.decode.deliberate import deliberate
+def test_the_bundled_model_never_keeps_a_loop(smollm):
+    from entropix_mlx.decode.deliberate import deliberate_batch
     from entropix_mlx.decode.prompt import encode_chat
+    from entropix_mlx.decode.rows import Request
     from entropix_mlx.sampling.deliberate_config import resolve_deliberate
 
     model, tokenizer = smollm
     config, _ = resolve_deliberate("smollm2-135m")
-    ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
-    d = deliberate(model, tokenizer, ids, config, max_tokens=256)
-    assert d.winner.flaw() is None, (d.reason, d.winner.text)
-    before = select(d.candidates, config.selector, config.margin, clean_first="off")[0]
-    if prompt.startswith("Write a haiku"):  # the failure this rule fixes: the old rule kept greedy's loop
-        assert before == 0 and d.candidates[0].loop >= LOOP_ALERT and d.chosen != 0
+    prompts = [
+        "Write a haiku about rain.",  # greedy loops "a gentle rain, a gentle rain, ..." to the 256-token limit
+        "Tom has 3 apples, buys 5 more and gives 2 away. How many apples does he have?",
+    ]
+    requests = [Request(encode_chat(tokenizer, [{"role": "user", "content": p}]), 0, 256) for p in prompts]
+    answers = dict((i, d) for i, d, _ in deliberate_batch(model, tokenizer, requests, config, batch_size=2))
+    for i, prompt in enumerate(prompts):
+        d = answers[i]
+        assert d.winner.flaw() is None, (prompt, d.reason, d.winner.text)
+    haiku = answers[0]  # the failure this rule fixes: the old rule kept greedy's loop
+    before = select(haiku.candidates, config.selector, config.margin, clean_first="off")[0]
+    assert before == 0 and haiku.candidates[0].loop >= LOOP_ALERT and haiku.chosen != 0
 
 
 def test_the_length_rule_trusts_an_answer_that_ended_whatever_it_repeats():
