@@ -3,6 +3,13 @@ few integration tests, the real bundled model (loaded once per session)."""
 
 # ruff: noqa: E402  (every import but the first comes after enable())
 # isort: off
+import os
+
+# Under pytest-xdist with a worker per core, a product's threads beyond its own core
+# only wait on the other workers' (CLI subprocesses inherit the setting).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= len(os.sched_getaffinity(0)):
+    os.environ.setdefault("ENTROPIX_THREADS", "1")
+
 import entropix_mlx.accel
 
 entropix_mlx.accel.enable()  # first: the system BLAS must be loaded before mlx.core binds its own
