@@ -97,7 +97,7 @@ def test_the_bundled_model_never_keeps_a_loop(smollm):
         "Tom has 3 apples, buys 5 more and gives 2 away. How many apples does he have?",
     ]
     requests = [Request(encode_chat(tokenizer, [{"role": "user", "content": p}]), 0, 256) for p in prompts]
-    answers = dict((i, d) for i, d, _ in deliberate_batch(model, tokenizer, requests, config, batch_size=2))
+    answers = {i: d for i, d, _ in deliberate_batch(model, tokenizer, requests, config, batch_size=2)}
     for i, prompt in enumerate(prompts):
         d = answers[i]
         assert d.winner.flaw() is None, (prompt, d.reason, d.winner.text)
