@@ -1,0 +1,339 @@
+"""Every results table in README.md and docs/ from what docs/records/ holds, and the charts.
+
+A table is marked in its file by the line `<!-- table: NAME -->` right above it; TABLES says
+where its rows come from. A records folder (`scripts/run_records.py pack`) is scored again
+here with today's extractor and summarised as `eval` summarises its `--out` folder; a
+summary kept of a printed table whose records were lost gives rows marked *no records*. A
+table whose rows all have no records is listed in NO_RECORDS and must say so on every row.
+
+    python docs/tables.py           # rewrite the tables and charts in place
+    python docs/tables.py --check   # exit 1, naming each table that differs from its records
+
+GSM8K's questions are not in the records; a record keeps its expected answer, and a number
+is all the scorer reads of a GSM8K item, so the tasks are rebuilt from the records.
+"""
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from entropix_mlx.data.make_builtin import generate  # noqa: E402
+from entropix_mlx.eval.report import _pct, format_p, generated_tokens, plot, strategy_text  # noqa: E402
+from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
+from entropix_mlx.eval.stats import holm  # noqa: E402
+from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
+
+NO_RECORDS = "*no records*"
+MARK = re.compile(r"^<!-- table: (\S+) -->$")
+# The header of a table of accuracy figures (the speed and layout tables are not read here).
+RESULTS_HEADER = re.compile(
+    r"^\| ((sampler|rule|against|category|candidates|deliberate) \||selector \| (δ|2 first))|^\|.*(accuracy|W/L)"
+)
+
+
+@dataclass
+class Source:
+    path: str  # docs/records/NAME (records) or a summary's .json (its rows: no records)
+    suffix: str = ""  # added to a row name an earlier source has already
+    names: dict = field(default_factory=dict)  # row -> label
+    tasks: str = "records"  # "records" (rebuilt from each record's answer), "builtin" or "fresh"
+
+
+@dataclass
+class Table:
+    sources: list[Source]
+    columns: list[str]  # for kind "categories": the samplers, one column each
+    chart: str | None = None
+    rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
+    kind: str = "samplers"  # or "categories": accuracy by the tasks' category
+
+
+def packed(folder: Path) -> list[dict]:
+    records = []
+    for part in sorted(folder.glob("items-*.jsonl.gz")):
+        with gzip.open(part, "rt") as f:
+            records += [json.loads(line) for line in f]
+    return records
+
+
+def from_records(folder: Path, tasks: str) -> dict:
+    config = json.loads((folder / "config.json").read_text())
+    records = {(r["sampler"], r["seed"], r["index"]): r for r in packed(folder)}
+    indices = sorted({i for (name, _, i) in records if name == "greedy"})
+    if tasks in ("builtin", "fresh"):
+        by_index = {t.index: t for t in (load_tasks(builtin_tasks_path()) if tasks == "builtin" else fresh_tasks())}
+        task_list = [by_index[i] for i in indices]
+    else:
+        expected = {i: r["expected"] for (_, _, i), r in records.items()}
+        task_list = [Task(index=i, question="", answers=[expected[i]]) for i in indices]
+    eval_config = EvalConfig(
+        samplers=list(config["samplers"]),
+        seeds=config.get("seeds", 1),
+        seed=config.get("seed", 0),
+        max_tokens=config["max_tokens"],
+        split=config.get("split", "all"),
+        cot=config.get("cot", False),
+    )
+    return summarize(records, task_list, eval_config, config["samplers"])
+
+
+def fresh_tasks() -> list[Task]:
+    """docs/evaluation.md's 225 fresh items: the built-in generator's seed 777, less every
+    question the built-in file has (the items are not shipped; they are made again)."""
+    seen = {t.question for t in load_tasks(builtin_tasks_path())}
+    items = [{k: v for k, v in i.items() if k != "split"} for i in generate(seed=777) if i["question"] not in seen]
+    return [parse_task(item, n, f"fresh item {n}") for n, item in enumerate(items)]
+
+
+def same_greedy(a: dict, b: dict) -> bool:
+    """Two runs' greedy rows agree to the precision a printed table keeps: one row."""
+    return a["accuracy"] == b["accuracy"] and abs(generated_tokens(a) - generated_tokens(b)) < 0.05
+
+
+def merged(table: Table) -> dict:
+    """The rows of every source over the same items, each with where its records are;
+    Holm's correction over all rows compared with greedy."""
+    out = None
+    for source in table.sources:
+        path = ROOT / source.path
+        if not path.exists():
+            raise SystemExit(f"{source.path}: no records folder or summary there; pack the run first")
+        has_records = path.is_dir()
+        results = from_records(path, source.tasks) if has_records else json.loads(path.read_text())
+        where = source.path if has_records else NO_RECORDS
+        rows = {source.names.get(k, k): {**v, "records": where} for k, v in results["samplers"].items()}
+        if out is None:
+            out = {**results, "samplers": rows}
+            continue
+        if (results["item_range"], results["items"]) != (out["item_range"], out["items"]):
+            raise SystemExit(f"{source.path} covers items {results['item_range']}, not {out['item_range']}")
+        for name, s in rows.items():
+            greedy = out["samplers"]["greedy"]
+            if name == "greedy" and same_greedy(s, greedy):
+                if has_records and greedy["records"] == NO_RECORDS:
+                    greedy["records"] = where  # this run's answers give the row
+                continue
+            out["samplers"][f"{name} ({source.suffix})" if name in out["samplers"] else name] = s
+    if table.rows is not None:
+        out["samplers"] = {n: out["samplers"][n] for n in table.rows}
+    paired = {n: s["vs_greedy"] for n, s in out["samplers"].items() if "vs_greedy" in s}
+    for name, p in holm({n: vs["p_value"] for n, vs in paired.items()}).items():
+        out["samplers"][name]["vs_greedy"] = {**paired[name], "p_holm": p}
+    return out
+
+
+def cell(column: str, s: dict, greedy: dict) -> str:
+    vs = s.get("vs_greedy")
+    tokens = generated_tokens(s)
+    if column == "accuracy":
+        lo, hi = s["ci95"]
+        spread = f" sd {100 * s['accuracy_std']:.1f}" if s["seeds"] > 1 else ""
+        return f"{100 * s['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]{spread}"
+    if column == "diff [95% CI]":
+        if not vs or "difference" not in vs:
+            return ""
+        d, (lo, hi) = vs["difference"], vs["difference_ci95"]
+        return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    values = {
+        "n": lambda: str(s["n"]),
+        "per seed": lambda: ", ".join(f"{100 * r['accuracy']:.1f}" for r in s["runs"]) if s["seeds"] > 1 else "",
+        "tokens": lambda: f"{s['mean_tokens']:.1f}",
+        "gen tokens": lambda: f"{tokens:.1f}",
+        "gen tokens (× greedy)": lambda: f"{tokens:.1f} ({tokens / generated_tokens(greedy):.2f})",
+        "s/answer": lambda: f"{s['seconds_per_answer']:.2f}",
+        "wall s / answer": lambda: f"{s['seconds_per_answer']:.1f}",
+        "cut off": lambda: _pct(s.get("cut_off")),
+        "no answer": lambda: _pct(s.get("no_answer")),
+        "W/L/T vs greedy": lambda: f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
+        "p": lambda: format_p(vs["p_value"]) if vs else "",
+        "p Holm": lambda: format_p(vs["p_holm"]) if vs else "",
+        "strategies": lambda: strategy_text("", s),
+        "records": lambda: s["records"],
+    }
+    return values[column]()
+
+
+def markdown(table: Table, results: dict) -> str:
+    if table.kind == "categories":
+        return category_markdown(table, results)
+    split = results.get("split", "all")
+    head = [f"{split} accuracy [95% CI]" if c == "accuracy" and split != "all" else c for c in table.columns]
+    greedy = results["samplers"]["greedy"]
+    lines = ["| sampler | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
+    for name, s in results["samplers"].items():
+        cells = [cell(c, s, greedy) for c in table.columns]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def category_markdown(table: Table, results: dict) -> str:
+    rows = results["samplers"]
+    lines = [
+        "| category | " + " | ".join(table.columns) + " | records |",
+        "| --- |" + " --- |" * (len(table.columns) + 1),
+    ]
+    for category in rows[table.columns[0]]["categories"]:
+        cells = [f"{100 * rows[c]['categories'][category]['accuracy']:.0f}%" for c in table.columns]
+        name = category.replace("_", " ")
+        lines.append("| " + " | ".join([name, *cells, rows[table.columns[0]]["records"]]) + " |")
+    return "\n".join(lines)
+
+
+Q05 = [Source("docs/records/q05/results.json"), Source("docs/records/q05_cot", suffix="cot")]
+Q15 = [
+    Source("docs/records/q15/results.json"),
+    Source("docs/records/q15_card", suffix="card", names={"deliberate": "deliberate (vote + stop)"}),
+]
+BUILTIN = [Source("docs/records/builtin_test", tasks="builtin")]
+FRESH = [Source("docs/records/fresh_items", tasks="fresh")]
+SEEDS = [Source("docs/records/builtin_seeds", tasks="builtin")]
+PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
+# Tables whose runs' records were lost: kept as printed, every row marked.
+NO_RECORDS_TABLES = {
+    "test-split-seeds",
+    "deliberate-cost",
+    "deliberate-dev-rules-gsm8k",
+    "deliberate-dev-rules-short",
+    "deliberate-gsm8k-first-200",
+    "deliberate-selectors-dev",
+    "deliberate-selectors-test",
+    "deliberate-stop-dev",
+    "deliberate-test-categories",
+    "deliberate-test-split",
+    "deliberate-vote-dev",
+    "mlx-lm-dev",
+    "open-text",
+    "q05-200-299",
+    "q05-equal-cost-pairs",
+    "q15-gsm8k-first-200",
+    "q15-open-text",
+    "q15-short-test-split",
+    "q15-staged-pairs",
+    "reasoning-profile-dev",
+    "tuning-trials",
+}
+TABLES = {
+    "test-split-readme": Table(
+        BUILTIN,
+        ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"],
+        rows=["greedy", "entropix", "deliberate"],
+    ),
+    "test-split": Table(
+        BUILTIN,
+        [
+            "accuracy",
+            "n",
+            "tokens",
+            "gen tokens",
+            "s/answer",
+            "cut off",
+            "no answer",
+            *PAIRED,
+            "p",
+            "p Holm",
+            "strategies",
+            "records",
+        ],
+    ),
+    "test-split-categories": Table(BUILTIN, ["greedy", "entropix", "deliberate"], kind="categories"),
+    "fresh-items": Table(
+        FRESH, ["accuracy", "n", "tokens", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "records"]
+    ),
+    "fresh-items-categories": Table(FRESH, ["greedy", "entropix", "deliberate"], kind="categories"),
+    "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
+    "q05": Table(
+        Q05,
+        ["accuracy", "n", "gen tokens", "s/answer", "cut off", "no answer", *PAIRED, "p", "p Holm", "records"],
+        chart="docs/gsm8k_equal_cost_q05.png",
+    ),
+    "q15": Table(
+        Q15,
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
+        chart="docs/gsm8k_equal_cost_q15.png",
+    ),
+}
+
+
+def marked(path: Path) -> dict[str, tuple[int, int]]:
+    """{name: (first line, end line)} of each marked table in a file."""
+    lines, spans = path.read_text().splitlines(), {}
+    for i, line in enumerate(lines):
+        if m := MARK.match(line):
+            end = i + 1
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            spans.setdefault(m.group(1), (i + 1, end))
+    return spans
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def unmarked_result_tables(path: Path) -> list[int]:
+    """Line numbers of results tables (RESULTS_HEADER) with no marker above."""
+    lines = path.read_text().splitlines()
+    return [
+        i + 1
+        for i, line in enumerate(lines)
+        if RESULTS_HEADER.match(line) and not lines[i - 1].startswith("|") and not (i and MARK.match(lines[i - 1]))
+    ]
+
+
+def no_records_problems(path: Path, name: str, span: tuple[int, int]) -> list[str]:
+    rows = path.read_text().splitlines()[span[0] + 2 : span[1]]
+    bad = [r for r in rows if not r.rstrip().endswith(f"| {NO_RECORDS} |")]
+    return [f"{path.name}: table {name}: {len(bad)} rows do not say {NO_RECORDS}"] if bad else []
+
+
+def problems(write: bool, paths: list[Path] | None = None, tables: dict | None = None) -> list[str]:
+    """What differs between the marked tables and their records (rewritten if `write`)."""
+    tables = TABLES if tables is None else tables
+    built, out = {}, []
+    for path in documents() if paths is None else paths:
+        text, spans = path.read_text().splitlines(), marked(path)
+        out += [
+            f"{path.name}:{n}: a results table without a <!-- table: NAME --> line"
+            for n in unmarked_result_tables(path)
+        ]
+        for name, span in sorted(spans.items(), key=lambda kv: -kv[1][0]):
+            if name in NO_RECORDS_TABLES:
+                out += no_records_problems(path, name, span)
+                continue
+            if name not in tables:
+                out.append(f"{path.name}: table {name} is not in docs/tables.py's TABLES")
+                continue
+            if name not in built:
+                built[name] = merged(tables[name])
+            want = markdown(tables[name], built[name]).splitlines()
+            if text[span[0] : span[1]] != want:
+                out.append(f"{path.name}: table {name} differs from what its records give")
+                text[span[0] : span[1]] = want
+        if write:
+            path.write_text("\n".join(text) + "\n")
+    if write:
+        for name, results in built.items():
+            if tables[name].chart:
+                plot(results, ROOT / tables[name].chart)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
+    args = parser.parse_args()
+    found = problems(write=not args.check)
+    for line in found:
+        print(line)
+    return 1 if found and args.check else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""docs/tables.py: the published results tables are what the committed records give,
+rows whose records were lost say so, and joining runs pairs and corrects them as one."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("tables", ROOT / "docs" / "tables.py")
+tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tables)
+
+COLUMNS = ["accuracy", "gen tokens", "W/L/T vs greedy", "p Holm", "records"]
+
+
+def row(accuracy, tokens, wins=None, losses=None, p=None):
+    s = {
+        "n": 10,
+        "seeds": 1,
+        "accuracy": accuracy,
+        "ci95": [accuracy - 0.2, accuracy + 0.2],
+        "tokens_generated": tokens,
+    }
+    if p is not None:
+        s["vs_greedy"] = {"wins": wins, "losses": losses, "ties": 10 - wins - losses, "p_value": p}
+    return s
+
+
+def results(samplers, item_range="0-9"):
+    return {"model": "m", "split": "test", "items": 10, "item_range": item_range, "samplers": samplers}
+
+
+@pytest.fixture
+def summaries(tmp_path):
+    new = results({"greedy": row(0.5, 100.0), "deliberate": row(0.6, 300.0, 3, 1, 0.625)})
+    old = results(
+        {"greedy": row(0.5, 100.0), "deliberate": row(0.7, 250.0, 4, 0, 0.125), "cisc k=2": row(0.6, 200.0, 2, 1, 1.0)}
+    )
+    paths = tmp_path / "new.json", tmp_path / "old.json"
+    for path, r in zip(paths, (new, old), strict=True):
+        path.write_text(json.dumps(r))
+    return [str(p) for p in paths]
+
+
+def table_of(*sources):
+    return tables.Table([tables.Source(path, suffix=suffix) for path, suffix in sources], COLUMNS)
+
+
+@pytest.mark.slow
+def test_every_published_table_is_what_the_committed_records_give():
+    assert tables.problems(write=False) == []
+
+
+def test_rows_of_both_runs_with_holm_over_all_of_them(summaries):
+    rows = tables.merged(table_of((summaries[0], ""), (summaries[1], "earlier")))["samplers"]
+    assert list(rows) == ["greedy", "deliberate", "deliberate (earlier)", "cisc k=2"]
+    holm = {name: s["vs_greedy"]["p_holm"] for name, s in rows.items() if name != "greedy"}
+    assert holm == {"deliberate (earlier)": 0.375, "deliberate": 1.0, "cisc k=2": 1.0}  # 3 × 0.125, then capped
+    assert {s["records"] for s in rows.values()} == {tables.NO_RECORDS}
+
+
+def test_runs_over_other_items_are_refused(summaries, tmp_path):
+    other = json.loads(Path(summaries[1]).read_text()) | {"item_range": "0-4", "items": 5}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="covers items 0-4"):
+        tables.merged(table_of((summaries[0], ""), (str(tmp_path / "other.json"), "")))
+
+
+def test_a_greedy_rerun_that_differs_shows_beside_the_first(summaries):
+    same = tables.merged(table_of((summaries[0], ""), (summaries[1], "")))["samplers"]
+    assert [n for n in same if n.startswith("greedy")] == ["greedy"]
+    old = json.loads(Path(summaries[1]).read_text())
+    old["samplers"]["greedy"]["accuracy"] = 0.4
+    Path(summaries[1]).write_text(json.dumps(old))
+    rows = tables.merged(table_of((summaries[0], ""), (summaries[1], "earlier")))["samplers"]
+    assert rows["greedy"]["accuracy"] == 0.5 and rows["greedy (earlier)"]["accuracy"] == 0.4
+
+
+def test_a_changed_figure_an_unmarked_table_and_a_no_records_row_without_the_mark_are_found(summaries, tmp_path):
+    table = table_of((summaries[0], ""))
+    doc = tmp_path / "doc.md"
+    good = tables.markdown(table, tables.merged(table))
+    doc.write_text(f"<!-- table: t -->\n{good}\n\ntext\n")
+    assert tables.problems(write=False, paths=[doc], tables={"t": table}) == []
+    doc.write_text(f"<!-- table: t -->\n{good.replace('60.0%', '61.0%')}\n\n| sampler | x |\n| --- | --- |\n")
+    found = tables.problems(write=True, paths=[doc], tables={"t": table})
+    assert found == [
+        "doc.md:7: a results table without a <!-- table: NAME --> line",
+        "doc.md: table t differs from what its records give",
+    ]
+    assert good in doc.read_text()  # rewritten from its sources
+    name = next(iter(tables.NO_RECORDS_TABLES))
+    doc.write_text(f"<!-- table: {name} -->\n| sampler | a | records |\n| --- | --- | --- |\n| greedy | 1 | docs/x |\n")
+    assert tables.problems(write=False, paths=[doc], tables={}) == [
+        f"doc.md: table {name}: 1 rows do not say *no records*"
+    ]
