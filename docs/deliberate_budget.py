@@ -24,6 +24,8 @@ entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports m
 
 from entropix_mlx.decode.deliberate import stage_decided
 from entropix_mlx.eval import load_tasks, score
+from entropix_mlx.eval.runner import item_range
+from entropix_mlx.eval.sealed import log_offline_scoring
 from entropix_mlx.eval.stats import sign_test
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.selection import VOTE_SELECTORS, Candidate, answer_scores, select
@@ -118,6 +120,9 @@ def table(folder, tasks_file, cot, sampler="deliberate", clean="loop_or_length")
     tasks = {t.index: t for t in load_tasks(tasks_file)}
     greedy, items = records(folder, sampler)
     items = [r for r in items if r["index"] in greedy]
+    log_offline_scoring(
+        folder, tasks_file, ["greedy", sampler], item_range([r["index"] for r in items]), "docs/deliberate_budget.py"
+    )
     right_of = {}
     for r in items:
         for k, c in enumerate(r["candidates"]):

@@ -18,6 +18,8 @@ import entropix_mlx.accel
 entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
 
 from entropix_mlx.eval import builtin_tasks_path, load_tasks, score
+from entropix_mlx.eval.runner import item_range
+from entropix_mlx.eval.sealed import log_offline_scoring
 from entropix_mlx.eval.stats import sign_test
 from entropix_mlx.sampling.selection import Candidate, select
 
@@ -96,6 +98,10 @@ def by_value(value, margin, vote=False, rule="loop_or_length"):
 def table(folder, tasks_file=None, cot=False):
     tasks = {t.index: t for t in load_tasks(tasks_file or builtin_tasks_path())}
     greedy, items = records(folder)
+    where = tasks_file or builtin_tasks_path()
+    log_offline_scoring(
+        folder, where, ["greedy", "deliberate"], item_range([r["index"] for r in items]), "docs/deliberate_select.py"
+    )
     kl_file = Path(folder) / "certainty.jsonl"
     kl = {json.loads(line)["index"]: json.loads(line)["kl"] for line in open(kl_file)} if kl_file.exists() else {}
     prepared = [(r, candidates(r, tasks, cot)) for r in items]

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 
 from entropix_mlx.eval import load_tasks
+from entropix_mlx.eval.runner import item_range
+from entropix_mlx.eval.sealed import log_offline_scoring
 from entropix_mlx.eval.summary import compare, rescored, split_label, vote_k, vote_records
 
 
@@ -46,6 +48,9 @@ def main():
     tasks = {t.index: t for t in load_tasks(args.tasks)}
     first = row_records(args.rows[0], tasks, args.cot)
     tasks = {i: tasks[i] for i in first}
+    for folder in dict.fromkeys(spec.partition(":")[0] for spec in args.rows):
+        rows = [spec.partition(":")[2] for spec in args.rows if spec.partition(":")[0] == folder]
+        log_offline_scoring(folder, args.tasks, rows, item_range(list(tasks)), "docs/pairs.py")
 
     def tokens(records):
         return sum(r.get("tokens_spent", r["tokens"]) for r in records.values()) / len(records)

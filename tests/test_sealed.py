@@ -81,3 +81,19 @@ def test_a_file_that_is_not_sealed_keeps_the_plain_scoring_log(tiny_ref, tmp_pat
     assert code == 0, err
     (logged,) = entries(tmp_path / "scoring_log.jsonl")
     assert "file_sha256" not in logged and not cache.exists()
+
+
+def test_a_script_scoring_stored_answers_again_is_logged_and_refused_a_sealed_file(tmp_path):
+    test_run, dev_run = tmp_path / "test_run", tmp_path / "dev_run"
+    for folder, split in ((test_run, "test"), (dev_run, "dev")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"split": split}))
+    plain = task_file(tmp_path / "plain.jsonl", sealed_marker=False)
+    sealed.log_offline_scoring(test_run, plain, ["greedy", "cisc k=4"], "0-2", "docs/pairs.py")
+    sealed.log_offline_scoring(dev_run, plain, ["greedy"], "0-2", "docs/pairs.py")
+    (entry,) = entries(test_run / "scoring_log.jsonl")
+    assert (entry["rows"], entry["items"], entry["by"]) == (["greedy", "cisc k=4"], "0-2", "docs/pairs.py")
+    assert not (dev_run / "scoring_log.jsonl").exists()  # dev items are for choosing on
+    with pytest.raises(sealed.ConfigError, match="is sealed: score it with entropix-mlx eval"):
+        sealed.log_offline_scoring(test_run, task_file(tmp_path / "s.jsonl"), ["greedy"], "0-2", "docs/pairs.py")
+    assert len(entries(test_run / "scoring_log.jsonl")) == 1

@@ -130,3 +130,19 @@ class SealedFile:
                 with open(log, "a") as f:
                     f.write(json.dumps(entry) + "\n")
         return entry
+
+
+def log_offline_scoring(folder, tasks_path, rows: list[str], items: str, by: str) -> None:
+    """A script that scores an `eval --out` folder's stored answers again (docs/pairs.py,
+    docs/deliberate_budget.py, ...) logs it in the folder's `scoring_log.jsonl` as `eval`
+    logs its own, unless the folder holds dev items; a sealed task file is refused, since
+    only `eval` keeps the sealed log."""
+    if is_sealed(tasks_path):
+        raise ConfigError(f"{tasks_path} is sealed: score it with entropix-mlx eval, which logs each scoring once")
+    folder = Path(folder)
+    config = folder / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("split") == "dev":
+        return
+    entry = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "items": items, "rows": rows, "by": by, "commit": commit()}
+    with open(folder / "scoring_log.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
