@@ -67,6 +67,7 @@ def from_records(folder: Path, tasks: str) -> dict:
     config = json.loads((folder / "config.json").read_text())
     records = {(r["sampler"], r["seed"], r["index"]): r for r in packed(folder)}
     indices = sorted({i for (name, _, i) in records if name == "greedy"})
+    seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}
     if tasks in ("builtin", "fresh"):
         by_index = {t.index: t for t in (load_tasks(builtin_tasks_path()) if tasks == "builtin" else fresh_tasks())}
         task_list = [by_index[i] for i in indices]
@@ -75,8 +76,8 @@ def from_records(folder: Path, tasks: str) -> dict:
         task_list = [Task(index=i, question="", answers=[expected[i]]) for i in indices]
     eval_config = EvalConfig(
         samplers=list(config["samplers"]),
-        seeds=config.get("seeds", 1),
-        seed=config.get("seed", 0),
+        seeds=len(seeds),  # config.json does not keep them: the records do
+        seed=min(seeds),
         max_tokens=config["max_tokens"],
         split=config.get("split", "all"),
         cot=config.get("cot", False),
@@ -197,7 +198,6 @@ SEEDS = [Source("docs/records/builtin_seeds", tasks="builtin")]
 PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
 # Tables whose runs' records were lost: kept as printed, every row marked.
 NO_RECORDS_TABLES = {
-    "test-split-seeds",
     "deliberate-cost",
     "deliberate-dev-rules-gsm8k",
     "deliberate-dev-rules-short",
@@ -243,6 +243,9 @@ TABLES = {
         ],
     ),
     "test-split-categories": Table(BUILTIN, ["greedy", "entropix", "deliberate"], kind="categories"),
+    "test-split-seeds": Table(
+        SEEDS, ["accuracy", "per seed", "n", "gen tokens", "cut off", "no answer", *PAIRED, "p", "p Holm", "records"]
+    ),
     "fresh-items": Table(
         FRESH, ["accuracy", "n", "tokens", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "records"]
     ),
