@@ -25,7 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
-from entropix_mlx.eval.report import _pct, format_p, generated_tokens, plot, strategy_text  # noqa: E402
+from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
+from entropix_mlx.eval.report import (  # noqa: E402
+    _pct,
+    format_p,
+    generated_tokens,
+    markdown_table,
+    open_table_rows,
+    plot,
+    strategy_text,
+)
 from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
 from entropix_mlx.eval.stats import holm  # noqa: E402
 from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
@@ -52,7 +61,7 @@ class Table:
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
-    kind: str = "samplers"  # or "categories": accuracy by the tasks' category
+    kind: str = "samplers"  # "categories": accuracy by the tasks' category; "open": open-text figures
 
 
 def packed(folder: Path) -> list[dict]:
@@ -66,6 +75,8 @@ def packed(folder: Path) -> list[dict]:
 def from_records(folder: Path, tasks: str) -> dict:
     config = json.loads((folder / "config.json").read_text())
     records = {(r["sampler"], r["seed"], r["index"]): r for r in packed(folder)}
+    if config.get("mode") == "open":
+        return open_results(config, records)
     indices = sorted({i for (name, _, i) in records if name == "greedy"})
     seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}
     if tasks in ("builtin", "fresh"):
@@ -83,6 +94,19 @@ def from_records(folder: Path, tasks: str) -> dict:
         cot=config.get("cot", False),
     )
     return summarize(records, task_list, eval_config, config["samplers"])
+
+
+def open_results(config: dict, records: dict) -> dict:
+    """An open-text run over the built-in prompts, summarised as `eval --open` does."""
+    seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}
+    open_config = OpenConfig(
+        samplers=list(config["samplers"]),
+        seeds=len(seeds),
+        seed=min(seeds),
+        max_tokens=config["max_tokens"],
+        early_tokens=config["early_tokens"],
+    )
+    return summarize_open(records, load_prompts(builtin_prompts_path()), open_config)
 
 
 def fresh_tasks() -> list[Task]:
@@ -164,6 +188,9 @@ def cell(column: str, s: dict, greedy: dict) -> str:
 def markdown(table: Table, results: dict) -> str:
     if table.kind == "categories":
         return category_markdown(table, results)
+    if table.kind == "open":
+        rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
+        return markdown_table(rows)
     split = results.get("split", "all")
     head = [f"{split} accuracy [95% CI]" if c == "accuracy" and split != "all" else c for c in table.columns]
     greedy = results["samplers"]["greedy"]
@@ -195,6 +222,7 @@ Q15 = [
 BUILTIN = [Source("docs/records/builtin_test", tasks="builtin")]
 FRESH = [Source("docs/records/fresh_items", tasks="fresh")]
 SEEDS = [Source("docs/records/builtin_seeds", tasks="builtin")]
+OPEN = [Source("docs/records/open_text")]
 PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
 # Tables whose runs' records were lost: kept as printed, every row marked.
 NO_RECORDS_TABLES = {
@@ -209,7 +237,6 @@ NO_RECORDS_TABLES = {
     "deliberate-test-split",
     "deliberate-vote-dev",
     "mlx-lm-dev",
-    "open-text",
     "q05-200-299",
     "q05-equal-cost-pairs",
     "q15-gsm8k-first-200",
@@ -246,6 +273,7 @@ TABLES = {
     "test-split-seeds": Table(
         SEEDS, ["accuracy", "per seed", "n", "gen tokens", "cut off", "no answer", *PAIRED, "p", "p Holm", "records"]
     ),
+    "open-text": Table(OPEN, [], kind="open"),
     "fresh-items": Table(
         FRESH, ["accuracy", "n", "tokens", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "records"]
     ),
