@@ -171,6 +171,7 @@ def cell(column: str, s: dict, greedy: dict) -> str:
         "per seed": lambda: ", ".join(f"{100 * r['accuracy']:.1f}" for r in s["runs"]) if s["seeds"] > 1 else "",
         "tokens": lambda: f"{s['mean_tokens']:.1f}",
         "gen tokens": lambda: f"{tokens:.1f}",
+        "tokens (answer / generated)": lambda: f"{s['mean_tokens']:.1f} / {tokens:.1f}",
         "gen tokens (× greedy)": lambda: f"{tokens:.1f} ({tokens / generated_tokens(greedy):.2f})",
         "s/answer": lambda: f"{s['seconds_per_answer']:.2f}",
         "wall s / answer": lambda: f"{s['seconds_per_answer']:.1f}",
@@ -233,8 +234,6 @@ NO_RECORDS_TABLES = {
     "deliberate-selectors-dev",
     "deliberate-selectors-test",
     "deliberate-stop-dev",
-    "deliberate-test-categories",
-    "deliberate-test-split",
     "deliberate-vote-dev",
     "mlx-lm-dev",
     "q05-200-299",
@@ -274,6 +273,12 @@ TABLES = {
         SEEDS, ["accuracy", "per seed", "n", "gen tokens", "cut off", "no answer", *PAIRED, "p", "p Holm", "records"]
     ),
     "open-text": Table(OPEN, [], kind="open"),
+    "deliberate-test-split": Table(
+        BUILTIN,
+        ["accuracy", "n", "W/L/T vs greedy", "p", "tokens (answer / generated)", "s/answer", "records"],
+        rows=["greedy", "deliberate"],
+    ),
+    "deliberate-test-categories": Table(BUILTIN, ["greedy", "deliberate"], kind="categories"),
     "fresh-items": Table(
         FRESH, ["accuracy", "n", "tokens", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "records"]
     ),
