@@ -224,6 +224,17 @@ BUILTIN = [Source("docs/records/builtin_test", tasks="builtin")]
 FRESH = [Source("docs/records/fresh_items", tasks="fresh")]
 SEEDS = [Source("docs/records/builtin_seeds", tasks="builtin")]
 OPEN = [Source("docs/records/open_text")]
+MLX_LM = [
+    Source(
+        "docs/records/mlx_lm_dev",
+        tasks="builtin",
+        names={
+            "entropix": "entropix (attention scores, branch rollouts)",
+            "entropix_no_attention": "entropix without attention scores (rollouts kept)",
+            "entropix_logits_only": "entropix, logits only (as inside mlx-lm)",
+        },
+    )
+]
 PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
 # Tables whose runs' records were lost: kept as printed, every row marked.
 NO_RECORDS_TABLES = {
@@ -235,7 +246,6 @@ NO_RECORDS_TABLES = {
     "deliberate-selectors-test",
     "deliberate-stop-dev",
     "deliberate-vote-dev",
-    "mlx-lm-dev",
     "q05-200-299",
     "q05-equal-cost-pairs",
     "q15-gsm8k-first-200",
@@ -273,6 +283,7 @@ TABLES = {
         SEEDS, ["accuracy", "per seed", "n", "gen tokens", "cut off", "no answer", *PAIRED, "p", "p Holm", "records"]
     ),
     "open-text": Table(OPEN, [], kind="open"),
+    "mlx-lm-dev": Table(MLX_LM, ["accuracy", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "strategies", "records"]),
     "deliberate-test-split": Table(
         BUILTIN,
         ["accuracy", "n", "W/L/T vs greedy", "p", "tokens (answer / generated)", "s/answer", "records"],
