@@ -25,14 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
+from entropix_mlx.sampling import gate as gates  # noqa: E402
+from entropix_mlx.sampling.gate import SIGNALS, WINDOW, windows  # noqa: E402
 
-WINDOW = 16  # DeepConf's group of consecutive tokens
-TAIL = 32
-SPIKE_BITS = 2.0
 VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
-# Higher is surer for every signal: "stop at greedy" when the signal is at or above the gate.
-SIGNALS = ("lowest_group", "answer_margin", "tail_logprob", "calm_tokens", "calm_varentropy", "head_agreement")
 
 
 def read_pool(folder: Path) -> list[dict]:
@@ -97,32 +94,14 @@ def candidates(record: dict) -> list[Cand]:
     return out
 
 
-def windows(logprobs: list, width: int = WINDOW) -> list[float]:
-    if len(logprobs) <= width:
-        return [sum(logprobs) / len(logprobs)] if logprobs else [0.0]
-    return [sum(logprobs[i : i + width]) / width for i in range(len(logprobs) - width + 1)]
-
-
 def signals(g: Cand) -> dict:
-    m = g.measures
-    return {
-        "lowest_group": min(windows(g.logprobs)),
-        "answer_margin": g.answer_margin,
-        "tail_logprob": sum(g.logprobs[-TAIL:]) / max(1, len(g.logprobs[-TAIL:])),
-        "calm_tokens": -sum(e > SPIKE_BITS for e in m.get("entropy", [])),
-        "calm_varentropy": -max(m.get("varentropy", [0.0])),
-        "head_agreement": -sum(m.get("agreement", [0.0])) / max(1, len(m.get("agreement", []))),
-    }
+    return gates.signals(g.logprobs, g.answer_margin, g.measures, WINDOW)
 
 
 def stopped_at(c: Cand, floor: float) -> int | None:
     """DeepConf online: the token count at which the candidate's running 16-token mean
     log-probability first falls below `floor` (None: it never does)."""
-    own = c.logprobs[c.split :]
-    for end in range(WINDOW, len(own) + 1):
-        if sum(own[end - WINDOW : end]) / WINDOW < floor:
-            return end
-    return None
+    return gates.stopped_at(c.logprobs[c.split :], floor, WINDOW)
 
 
 def vote(cands: list[Cand]) -> tuple[Fraction | None, bool]:
@@ -158,7 +137,7 @@ def pick(cands: list[Cand], firsts: int, insides: int) -> list[Cand]:
 
 def settled(group: list[Cand]) -> bool:
     """The staged baseline's stop: every candidate ended on one answer."""
-    return all(c.ended and c.answer is not None for c in group) and len({c.answer for c in group}) == 1
+    return gates.settled([(c.ended, c.answer) for c in group])
 
 
 def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
@@ -174,15 +153,10 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
             rerun += len(more)
             chosen = first + more
         answer, right = vote(chosen)
-        return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": len(chosen) > 1}
-    sure = g.ended and rule.signal is not None and signals(g)[rule.signal] >= gate
-    if sure:
-        return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False}
-    extra = pick(cands, rule.firsts, rule.insides)
-    stages = [extra]
-    if rule.staged and len(extra) > 1:
-        half = max(1, len(extra) // 2)
-        stages = [extra[:half], extra[half:]]
+        return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": len(chosen) > 1, "answer": answer}
+    if rule.signal is not None and gates.sure(g.ended, signals(g)[rule.signal], gate):
+        return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False, "answer": g.answer, "voters": [g]}
+    stages = gates.stages(pick(cands, rule.firsts, rule.insides), rule.staged)
     floor = min(windows(g.logprobs)) if rule.online_stop else None
     voters = [g]
     for n, stage in enumerate(stages):
@@ -195,7 +169,7 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
             if stop is None:
                 voters.append(c)
     answer, right = vote(voters)
-    return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": True}
+    return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": True, "answer": answer, "voters": voters}
 
 
 def grid() -> list[Rule]:
