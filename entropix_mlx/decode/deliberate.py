@@ -38,6 +38,7 @@ from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select, why
 from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
+from .gated import gated_stages, root_sampler, voting
 from .rows import Request, RowResult
 
 
@@ -64,28 +65,34 @@ def deliberate_batch(
     `alternatives`: the most likely tokens each row records per step, and `measure`:
     its entropy, varentropy and attention metrics too (eval's records)."""
     answer_of = answer_of or (lambda index, text: default_answer(text))
+    gated = bool(config.gate_signal)
     made: dict[int, Candidate] = {}  # by row number: the early stop's candidates are the selection's
 
     def candidate(index: int, result: RowResult) -> Candidate:
         if result.row not in made:
-            made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text), measure)
+            made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text), measure or gated)
         return made[result.row]
 
     stop_when = early_stop(config, candidate) if config.stop_share > 0 else None
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
     later: dict[int, int] = {}  # by request: the rows of its second stage
+    rerun: dict[int, int] = {}  # by request: the greedy chain's tokens a gated branch's prompt runs again
 
-    def make_branch(first_token=None):
-        return BranchSampler(config, spawns=False, first_token=first_token, top=alternatives, measure=measure)
+    def make_branch(first_token=None, floor=None):
+        return BranchSampler(config, False, first_token, alternatives, measure, floor=floor)
 
     follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
+    make_root = lambda: BranchSampler(config, top=alternatives, measure=measure)  # noqa: E731
+    if gated:
+        follow_up = gated_stages(config, requests, candidate, make_branch, later, rerun)
+        make_root = lambda: root_sampler(config, alternatives, measure)  # noqa: E731
 
     rows = forking_batch(
         model,
         tokenizer,
         requests,
-        lambda: BranchSampler(config, top=alternatives, measure=measure),
+        make_root,
         make_branch,
         batch_size,
         prefix,
@@ -98,10 +105,12 @@ def deliberate_batch(
         candidates = [candidate(index, r) for r in results]
         for r in results:
             del made[r.row]
+        voters = voting(candidates)
         chosen, reason, scores = select(
-            candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
+            voters, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
         )
-        prefilled = later.pop(index, 0) * (len(requests[index].prompt) - len(prefix))
+        chosen = next(i for i, c in enumerate(candidates) if c is voters[chosen])
+        prefilled = later.pop(index, 0) * (len(requests[index].prompt) - len(prefix)) + rerun.pop(index, 0)
         table = why(candidates, config.selector, config.clean_first, config.vote_temperature, config.group_tokens)
         yield index, Deliberation(candidates, chosen, reason, scores, prefilled, table), seconds
 

@@ -181,7 +181,8 @@ class Row:
         if choice is not None:
             res.thinking_insertions += bool(getattr(choice, "inserted", False))
             tokens = choice.tokens[: limit - len(res.tokens)]
-            ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens)
+            last = getattr(choice, "last", "")
+            ends = len(res.tokens) + len(tokens) >= limit or any(t in eos for t in tokens) or bool(last)
             if choice.advanced is None and len(tokens) == 1:
                 self.spawn, self.split_point = list(getattr(choice, "spawn", ())), len(res.tokens)
                 self.split_top = choice.top  # its branches' first token has the same alternatives
@@ -191,7 +192,7 @@ class Row:
                         res.finish_reason = "eos"
                         return None
                     self._take(token, logprob, choice, i)
-                res.finish_reason = "length"
+                res.finish_reason = last or "length"
                 return None
             if choice.advanced is not None:
                 for i, (token, logprob) in enumerate(zip(tokens, choice.logprobs, strict=False)):

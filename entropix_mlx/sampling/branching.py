@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
+from .gate import below
 from .metrics import attention_metrics, fused_logprobs_entropy
 from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
@@ -21,7 +22,10 @@ class BranchSampler:
     `top`: how many of the most likely tokens each choice records (`Choice.top`,
     eval's records), taken from the candidates it ranks anyway. `measure`: every
     step also records the attention metrics (eval's records, for replaying
-    gates offline)."""
+    gates offline). `defer`: the root of a gated run, which spawns nothing and puts
+    every alternative in its step's metrics["deferred"]. `floor`: a gated candidate
+    that ends itself once its last `group_tokens` tokens' mean log-probability is
+    below it (running_stop)."""
 
     name = "deliberate"
 
@@ -32,15 +36,19 @@ class BranchSampler:
         first_token: int | None = None,
         top: int = 0,
         measure: bool = False,
+        defer: bool = False,
+        floor: float | None = None,
     ):
         self.config = config or DeliberateConfig()
         self.spawns, self.first_token, self.top, self.measure = spawns, first_token, top, measure
+        self.defer, self.floor = defer, floor
         self.reset()
 
     def reset(self):
         self.points = 0  # uncertain positions branched at, after the first token
         self.last_point = -math.inf  # the latest of them
         self.branches = 0  # branch rows started by this answer
+        self.own: list[float] = []  # the log-probabilities of its tokens (running_stop)
 
     def choose(self, step: Step, key: mx.array) -> Choice:
         c = self.config
@@ -59,8 +67,9 @@ class BranchSampler:
         if self.measure:
             self._attention(metrics, step.scores)
         spawn = self._alternatives(len(step.tokens), metrics, values, ids, step.scores) if self.spawns else []
-        if spawn and not step.tokens and c.first_stage:
-            spawn, metrics["deferred"] = spawn[: c.first_stage], spawn[c.first_stage :]
+        if spawn and (self.defer or (not step.tokens and c.first_stage)):
+            keep = 0 if self.defer else c.first_stage
+            spawn, metrics["deferred"] = spawn[:keep], spawn[keep:]
         metrics["spawned"] = len(spawn)
         if self.first_token is not None and not step.tokens:
             choice = Choice(
@@ -70,6 +79,11 @@ class BranchSampler:
             spawned = [(t, lp, metrics) for t, lp in spawn]
             choice = Choice([ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=spawned)
         choice.top = list(zip(ids[: self.top], values[: self.top], strict=True))
+        if self.floor is not None:
+            self.own.append(choice.logprobs[0])
+            w = c.group_tokens
+            if len(self.own) >= w and below(self.own[-w:], self.floor, w):
+                choice.last = "low_confidence"
         return choice
 
     def _alternatives(self, position: int, metrics: dict, values: list, ids: list, scores=None) -> list:

@@ -10,6 +10,7 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 import math
 from dataclasses import dataclass
 
+from .gate import SIGNALS
 from .selection import SELECTORS as SELECTOR_SCORES
 from .selection import VOTE_SELECTORS
 from .settings import THRESHOLD, Settings, at_least, card_data, card_table, layered, rule, validate
@@ -75,6 +76,20 @@ class DeliberateConfig(Settings):
     # alternatives first; the other alternatives start (from the prompt again)
     # only if those did not all end cleanly on one answer. 0: all at once.
     first_stage: int = 0
+    # Gated (docs/gated-deliberate.md): the greedy chain runs alone first; its answer
+    # stands when its `gate_signal` (gate.SIGNALS; "": off) is >= `gate_threshold`
+    # and it ended before the limit. Otherwise `gate_first_alternatives` first-token
+    # alternatives and `gate_branches` branches inside the chain (where the branch_*
+    # thresholds would branch, in order) start from the prompt, in two stages with
+    # `gate_staged` (the second half only if the first disagrees with greedy).
+    gate_signal: str = ""
+    gate_threshold: float = 0.0
+    gate_first_alternatives: int = 0
+    gate_branches: int = 0
+    gate_staged: bool = False
+    # DeepConf online: a gated candidate stops at its first `group_tokens` window whose
+    # mean log-probability is below the greedy chain's lowest; it does not vote.
+    running_stop: bool = False
 
     def __post_init__(self):
         validate(self, RULES, CHECKS)
@@ -106,6 +121,9 @@ RULES = {
     "group_tokens": at_least(1),
     "stop_share": rule(lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
     "first_stage": at_least(0),
+    "gate_signal": rule(lambda v: v == "" or v in SIGNALS, f"choose one of: {', '.join(SIGNALS)} (or empty: off)"),
+    "gate_first_alternatives": at_least(0),
+    "gate_branches": at_least(0),
 }
 
 
@@ -115,7 +133,18 @@ def _stop_needs_a_vote(settings):
     return None
 
 
-CHECKS = (_stop_needs_a_vote,)
+def _gate_runs_alone(settings):
+    if not settings.gate_signal:
+        if settings.running_stop:
+            return "running_stop", "stops the gate's candidates: set gate_signal"
+        return None
+    for name in ("stop_share", "first_stage"):
+        if getattr(settings, name):
+            return name, "the gate decides what runs after the greedy chain: set it to 0 with gate_signal"
+    return None
+
+
+CHECKS = (_stop_needs_a_vote, _gate_runs_alone)
 
 
 # A vote by confidence over the greedy answer and first-token alternatives, no later

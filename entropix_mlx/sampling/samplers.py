@@ -54,6 +54,8 @@ class Choice:
     # The k most likely next tokens where this choice was made, (token, logprob)
     # pairs, filled only when a recorder asks (the server's top_logprobs).
     top: list = field(default_factory=list)
+    # The row ends after this choice, with this finish reason ("": it goes on).
+    last: str = ""
 
     def metrics_at(self, i: int) -> dict:
         """The metrics of the choice's i-th token."""

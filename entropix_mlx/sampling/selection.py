@@ -41,6 +41,8 @@ class Candidate:
         was decided) never competes."""
         if self.finish_reason == "stopped":
             return "stopped early"
+        if self.finish_reason == "low_confidence":
+            return "its confidence fell below the greedy chain's"
         if rule == "off":
             return None
         if self.answer is None and not self.text.strip():  # ended at once: no answer to prefer
