@@ -185,6 +185,23 @@ def grid() -> list[Rule]:
     return rules
 
 
+def live_fields(rule: Rule, gate: float | None) -> dict | None:
+    """The [deliberate] fields that run `rule` live over the pool's own table
+    (docs/records/dev_q05_wide/pool.toml); None for the staged baseline (the
+    `deliberate_staged` preset)."""
+    if rule.disagreement_only:
+        return None
+    return {
+        # "never stop": a mean log-probability is never at or above 1
+        "gate_signal": rule.signal or "lowest_group",
+        "gate_threshold": 1.0 if gate is None else float(gate),
+        "gate_first_alternatives": rule.firsts,
+        "gate_branches": rule.insides,
+        "gate_staged": rule.staged,
+        "running_stop": rule.online_stop,
+    }
+
+
 def table(pool: list, rules: list[Rule]) -> list[dict]:
     items = [(greedy, candidates(record)) for greedy, record in pool]
     greedy_right = {i: float(c[0].right) for i, (_, c) in enumerate(items)}
@@ -217,6 +234,7 @@ def table(pool: list, rules: list[Rule]) -> list[dict]:
                 "losses": losses,
                 "p": sign_test(wins, losses),
                 "diff": diff,
+                "deliberate": live_fields(rule, gate),
             }
         )
     return rows
@@ -254,6 +272,8 @@ def main() -> int:
             f"{mark} {100 * r['accuracy']:5.1f}%  {r['x_greedy']:4.2f}x  W/L {r['wins']:>2}/{r['losses']:<2} "
             f"p {r['p']:.3f}  {r['rule']}"
         )
+    if chosen:
+        print(f"  chosen, live: the pool's [deliberate] table with {chosen['deliberate']}")
     base = next(r for r in rows if r["rule"].startswith("staged"))
     print(f"  baseline {100 * base['accuracy']:5.1f}%  {base['x_greedy']:4.2f}x  W/L {base['wins']}/{base['losses']}")
     return 0
