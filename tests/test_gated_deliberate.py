@@ -18,6 +18,7 @@ from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling import gate
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
+from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.samplers import GreedySampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,3 +197,23 @@ def test_gate_fields_are_read_from_a_deliberate_table_and_checked(tmp_path):
         DeliberateConfig(running_stop=True)
     with pytest.raises(ConfigError, match="first_stage"):
         DeliberateConfig(gate_signal="lowest_group", first_stage=1)
+
+
+def test_a_branch_inside_the_chain_is_the_spawned_branch_under_penalties(model, tiny_tokenizer, requests):
+    """A gated branch runs from the prompt and the chain's first tokens, which its
+    penalties count as generated, as they do for a branch spawned at that step."""
+    penalised = [
+        Request(r.prompt, 0, MAX_TOKENS, make_penalties(presence=0.5, frequency=0.2, repetition=1.3, prompt=r.prompt))
+        for r in requests
+    ]
+    spawned = run(
+        model, tiny_tokenizer, penalised, DeliberateConfig(first_alternatives=0, max_branch_points=3, **BRANCHING)
+    )
+    live = run(model, tiny_tokenizer, penalised, gated(gate_signal="lowest_group", gate_threshold=1.0, gate_branches=3))
+    plain = run(model, tiny_tokenizer, requests, gated(gate_signal="lowest_group", gate_threshold=1.0, gate_branches=3))
+    differ = 0
+    for i, d in live.items():
+        assert [c.tokens for c in d.candidates] == [c.tokens for c in spawned[i].candidates]
+        assert [c.split for c in d.candidates][1:] == [c.split for c in spawned[i].candidates][1:]
+        differ += [c.tokens for c in d.candidates] != [c.tokens for c in plain[i].candidates]
+    assert differ  # the penalties changed the chains: the comparison above is not penalty-free

@@ -9,7 +9,7 @@ half has not settled the answer; with `running_stop` a candidate ends itself onc
 its confidence falls below the chain's weakest stretch, and does not vote."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..sampling import gate
 from ..sampling.branching import BranchSampler
@@ -87,11 +87,19 @@ def gated_stages(config: DeliberateConfig, requests, candidate, make_branch, lat
         later[index] = later.get(index, 0) + len(stage)
         rerun[index] = rerun.get(index, 0) + sum(p for p, _ in stage)
         return [
-            (Request(r.prompt + s.root.tokens[:p], r.seed, r.max_tokens - p, r.penalties), make_branch(t, s.floor))
+            (
+                Request(r.prompt + s.root.tokens[:p], r.seed, r.max_tokens - p, _after(r.penalties, s.root.tokens[:p])),
+                make_branch(t, s.floor),
+            )
             for p, t in stage
         ]
 
     return follow_up
+
+
+def _after(penalties, tokens: list):
+    """The request's penalties for a row whose prompt ends with the chain's `tokens`."""
+    return replace(penalties, before=tuple(tokens)) if penalties is not None and tokens else penalties
 
 
 def voting(candidates: list) -> list:

@@ -28,6 +28,9 @@ class Penalties:
     repetition: float = 1.0  # 1 = off
     window: int = REPEAT_LAST_N
     prompt: tuple[int, ...] = ()  # the prompt's last `window` tokens (the repetition penalty sees them)
+    # Tokens generated before the row's own, which its prompt holds: a gated branch
+    # started from a chain's first tokens (decode/gated.py) is penalised as if spawned there.
+    before: tuple[int, ...] = ()
     constrains = False  # they change logits, never which tokens are possible
 
     def __post_init__(self):
@@ -48,6 +51,7 @@ class Penalties:
         """`logits` (vocab,) after the penalties, given the tokens generated so
         far; lazy, and a new array (the row's own logits stay as they are)."""
         out = logits.astype(mx.float32)[None]
+        generated = [*self.before, *generated] if self.before else generated
         if self.repetition != 1.0:
             seen = (list(self.prompt) + list(generated))[-self.window :]
             if seen:
