@@ -217,3 +217,26 @@ def test_a_branch_inside_the_chain_is_the_spawned_branch_under_penalties(model, 
         assert [c.split for c in d.candidates][1:] == [c.split for c in spawned[i].candidates][1:]
         differ += [c.tokens for c in d.candidates] != [c.tokens for c in plain[i].candidates]
     assert differ  # the penalties changed the chains: the comparison above is not penalty-free
+
+
+def test_a_gated_run_does_not_depend_on_the_batch_size(model, tiny_tokenizer, requests):
+    config = gated(
+        gate_signal="tail_logprob",
+        gate_threshold=-4.0,
+        gate_first_alternatives=2,
+        gate_branches=2,
+        gate_staged=True,
+        running_stop=True,
+    )
+    wide = run(model, tiny_tokenizer, requests, config)
+    for size in (1, 2):
+        narrow = {i: d for i, d, _ in deliberate_batch(model, tiny_tokenizer, requests, config, answer_of, size)}
+        for i, d in wide.items():
+            assert [c.tokens for c in narrow[i].candidates] == [c.tokens for c in d.candidates]
+            assert (narrow[i].chosen, narrow[i].tokens_spent, narrow[i].prefilled) == (
+                d.chosen,
+                d.tokens_spent,
+                d.prefilled,
+            )
+    assert any(c.finish_reason == STOPPED for d in wide.values() for c in d.candidates)
+    assert any(len(d.candidates) > 1 for d in wide.values())
