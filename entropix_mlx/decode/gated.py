@@ -16,7 +16,7 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from .rows import Request, RowResult
 
-STOPPED = "low_confidence"  # the finish reason of a candidate running_stop ended
+STOPPED = gate.STOPPED
 _PER_TOKEN = ("tokens", "logprobs", "strategies", "metrics", "params", "notes", "tops")
 
 

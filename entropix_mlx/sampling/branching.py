@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
-from .gate import below
+from .gate import STOPPED, below
 from .metrics import attention_metrics, fused_logprobs_entropy
 from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
 
@@ -83,7 +83,7 @@ class BranchSampler:
             self.own.append(choice.logprobs[0])
             w = c.group_tokens
             if len(self.own) >= w and below(self.own[-w:], self.floor, w):
-                choice.last = "low_confidence"
+                choice.last = STOPPED
         return choice
 
     def _alternatives(self, position: int, metrics: dict, values: list, ids: list, scores=None) -> list:

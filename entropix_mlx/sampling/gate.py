@@ -6,6 +6,7 @@ the two can never read a chain differently."""
 WINDOW = 16  # DeepConf's group of consecutive tokens
 TAIL = 32
 SPIKE_BITS = 2.0
+STOPPED = "low_confidence"  # the finish reason of a candidate the running stop ended
 # Higher is surer for every signal: "stop at greedy" when the signal is at or above the gate.
 SIGNALS = ("lowest_group", "answer_margin", "tail_logprob", "calm_tokens", "calm_varentropy", "head_agreement")
 

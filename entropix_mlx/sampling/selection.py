@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from .gate import STOPPED
 from .repetition import LOOP_ALERT, longest_loop
 
 
@@ -41,7 +42,7 @@ class Candidate:
         was decided) never competes."""
         if self.finish_reason == "stopped":
             return "stopped early"
-        if self.finish_reason == "low_confidence":
+        if self.finish_reason == STOPPED:
             return "its confidence fell below the greedy chain's"
         if rule == "off":
             return None
