@@ -195,8 +195,6 @@ def test_gate_fields_are_read_from_a_deliberate_table_and_checked(tmp_path):
         DeliberateConfig(gate_signal="vibes")
     with pytest.raises(ConfigError, match="running_stop"):
         DeliberateConfig(running_stop=True)
-    with pytest.raises(ConfigError, match="first_stage"):
-        DeliberateConfig(gate_signal="lowest_group", first_stage=1)
 
 
 def test_a_branch_inside_the_chain_is_the_spawned_branch_under_penalties(model, tiny_tokenizer, requests):
@@ -229,6 +227,10 @@ def test_a_gated_run_does_not_depend_on_the_batch_size(model, tiny_tokenizer, re
         running_stop=True,
     )
     wide = run(model, tiny_tokenizer, requests, config)
+    unread = run(model, tiny_tokenizer, requests, config.replace(stop_share=1.0, first_stage=1, first_alternatives=9))
+    assert [[c.tokens for c in d.candidates] for d in unread.values()] == [
+        [c.tokens for c in d.candidates] for d in wide.values()
+    ]
     for size in (1, 2):
         narrow = {i: d for i, d, _ in deliberate_batch(model, tiny_tokenizer, requests, config, answer_of, size)}
         for i, d in wide.items():
@@ -240,3 +242,21 @@ def test_a_gated_run_does_not_depend_on_the_batch_size(model, tiny_tokenizer, re
             )
     assert any(c.finish_reason == STOPPED for d in wide.values() for c in d.candidates)
     assert any(len(d.candidates) > 1 for d in wide.values())
+
+
+def test_run_takes_the_gate_from_a_config_file(tiny_ref, tmp_path):
+    from test_cli_run import invoke
+
+    config = tmp_path / "gated.toml"
+    config.write_text(
+        '[deliberate]\nfirst_alternatives = 3\ngate_signal = "tail_logprob"\ngate_threshold = 1.0\n'
+        'gate_first_alternatives = 1\nselector = "confidence_vote"\nclean_first = "length"\n'
+    )
+    args = ["run", "hi", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "6", "--json"]
+    code, out, err = invoke(*args, "--config", config)
+    assert code == 0, err
+    d = json.loads(out.splitlines()[-1])["summary"]["deliberation"]
+    # the gate's one first-token alternative, not first_alternatives' three, and no early
+    # stop (the tiny model's card has stop_share 1)
+    assert [c.get("split") for c in d["candidates"]] == [None, 0]
+    assert d["tokens_spent"] == sum(c["own_tokens"] for c in d["candidates"])

@@ -73,7 +73,7 @@ def deliberate_batch(
             made[result.row] = candidate_from(result, tokenizer, lambda text: answer_of(index, text), measure or gated)
         return made[result.row]
 
-    stop_when = early_stop(config, candidate) if config.stop_share > 0 else None
+    stop_when = early_stop(config, candidate) if config.stop_share > 0 and not gated else None
     if prefix is None:  # the requests' common beginning, kept shorter than each of them
         prefix = os.path.commonprefix([r.prompt for r in requests])[: min(len(r.prompt) for r in requests) - 1]
     later: dict[int, int] = {}  # by request: the rows of its second stage

@@ -82,6 +82,7 @@ class DeliberateConfig(Settings):
     # alternatives and `gate_branches` branches inside the chain (where the branch_*
     # thresholds would branch, in order) start from the prompt, in two stages with
     # `gate_staged` (the second half only if the first disagrees with greedy).
+    # first_alternatives, max_branch_points, first_stage and stop_share are not read.
     gate_signal: str = ""
     gate_threshold: float = 0.0
     gate_first_alternatives: int = 0
@@ -133,18 +134,13 @@ def _stop_needs_a_vote(settings):
     return None
 
 
-def _gate_runs_alone(settings):
-    if not settings.gate_signal:
-        if settings.running_stop:
-            return "running_stop", "stops the gate's candidates: set gate_signal"
-        return None
-    for name in ("stop_share", "first_stage"):
-        if getattr(settings, name):
-            return name, "the gate decides what runs after the greedy chain: set it to 0 with gate_signal"
+def _running_stop_needs_a_gate(settings):
+    if settings.running_stop and not settings.gate_signal:
+        return "running_stop", "stops the gate's candidates: set gate_signal"
     return None
 
 
-CHECKS = (_stop_needs_a_vote, _gate_runs_alone)
+CHECKS = (_stop_needs_a_vote, _running_stop_needs_a_gate)
 
 
 # A vote by confidence over the greedy answer and first-token alternatives, no later
