@@ -149,6 +149,16 @@ def token_kind(text: str, before: str) -> str:
     return "punctuation/number"
 
 
+def region(before: str) -> str:
+    """Where in the answer a token falls: prose, or in the code block a docstring, a comment or code."""
+    if before.count("```") % 2 == 0:
+        return "prose"
+    code = before.rsplit("```", 1)[1]
+    if (code.count('"""') + code.count("'''")) % 2:
+        return "docstring"
+    return "comment" if "#" in code.rsplit("\n", 1)[-1] else "code"
+
+
 def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: int = 3) -> dict:
     from entropix_mlx.sampling.repetition import repeat_counts  # pure Python: no mlx
 
@@ -159,7 +169,7 @@ def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: i
     losses = sum(g["passed"] and not e["passed"] for g, e in pairs)
     dwins = sum(e["defs_passed"] and not g["defs_passed"] for g, e in pairs)
     dlosses = sum(g["defs_passed"] and not e["defs_passed"] for g, e in pairs)
-    div_strategy, div_kind, divs = Counter(), Counter(), []
+    div_strategy, div_kind, div_region, divs = Counter(), Counter(), Counter(), []
     for g, e in pairs:
         gi, ei = [t["id"] for t in g["tokens"]], [t["id"] for t in e["tokens"]]
         at = next((k for k, (a, b) in enumerate(zip(gi, ei, strict=False)) if a != b), None)
@@ -175,6 +185,7 @@ def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: i
         units = repeat_counts(ei[:at], ngram)
         div_strategy[t["strategy"]] += 1
         div_kind[kind] += 1
+        div_region[region(before)] += 1
         divs.append(
             {
                 "index": e["index"],
@@ -184,6 +195,7 @@ def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: i
                 "entropy": t["entropy"],
                 "varentropy": t["varentropy"],
                 "kind": kind,
+                "region": region(before),
                 "greedy_token": g["tokens"][at]["text"] if at < len(g["tokens"]) else None,
                 "entropix_token": t["text"],
                 "context": before[-40:],
@@ -211,6 +223,7 @@ def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: i
         "divergence_greedy_token_repeated": sum(d["greedy_token_repeats"] > 0 for d in divs),
         "divergence_strategy": dict(div_strategy.most_common()),
         "divergence_kind": dict(div_kind.most_common()),
+        "divergence_region": dict(div_region.most_common()),
         "strategy_shares": {k: round(v / total, 4) for k, v in shares.most_common()} if total else {},
         "entropix_tokens": total,
         "divergences": divs,
@@ -241,7 +254,7 @@ def main() -> None:
     for d in divs:
         print(
             f"{d['name']:<20} @{d['position']:<4} {d['strategy']:<8} H={d['entropy']:.2f} V={d['varentropy']:.2f} "
-            f"{d['kind']:<18} greedy {d['greedy_token']!r} / entropix {d['entropix_token']!r} "
+            f"{d['region']:<9} {d['kind']:<18} greedy {d['greedy_token']!r} / entropix {d['entropix_token']!r} "
             f"({'P' if d['greedy_passed'] else 'F'}->{'P' if d['entropix_passed'] else 'F'}) "
             f"repeats {d['greedy_token_repeats']}/{d['entropix_token_repeats']}"
         )
