@@ -14,7 +14,6 @@ is all the scorer reads of a GSM8K item, so the tasks are rebuilt from the recor
 """
 
 import argparse
-import gzip
 import json
 import re
 import sys
@@ -23,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
 from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
@@ -64,49 +66,28 @@ class Table:
     kind: str = "samplers"  # "categories": accuracy by the tasks' category; "open": open-text figures
 
 
-def packed(folder: Path) -> list[dict]:
-    records = []
-    for part in sorted(folder.glob("items-*.jsonl.gz")):
-        with gzip.open(part, "rt") as f:
-            records += [json.loads(line) for line in f]
-    return records
-
-
 def from_records(folder: Path, tasks: str) -> dict:
     config = json.loads((folder / "config.json").read_text())
-    records = {(r["sampler"], r["seed"], r["index"]): r for r in packed(folder)}
-    if config.get("mode") == "open":
-        return open_results(config, records)
+    records = {(r["sampler"], r["seed"], r["index"]): r for r in packed_records(folder)}
+    seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}  # config.json does not keep them
+    common = {
+        "samplers": list(config["samplers"]),
+        "seeds": len(seeds),
+        "seed": min(seeds),
+        "max_tokens": config["max_tokens"],
+    }
+    if config.get("mode") == "open":  # an open-text run over the built-in prompts
+        open_config = OpenConfig(**common, early_tokens=config["early_tokens"])
+        return summarize_open(records, load_prompts(builtin_prompts_path()), open_config)
     indices = sorted({i for (name, _, i) in records if name == "greedy"})
-    seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}
     if tasks in ("builtin", "fresh"):
         by_index = {t.index: t for t in (load_tasks(builtin_tasks_path()) if tasks == "builtin" else fresh_tasks())}
         task_list = [by_index[i] for i in indices]
     else:
         expected = {i: r["expected"] for (_, _, i), r in records.items()}
         task_list = [Task(index=i, question="", answers=[expected[i]]) for i in indices]
-    eval_config = EvalConfig(
-        samplers=list(config["samplers"]),
-        seeds=len(seeds),  # config.json does not keep them: the records do
-        seed=min(seeds),
-        max_tokens=config["max_tokens"],
-        split=config.get("split", "all"),
-        cot=config.get("cot", False),
-    )
+    eval_config = EvalConfig(**common, split=config.get("split", "all"), cot=config.get("cot", False))
     return summarize(records, task_list, eval_config, config["samplers"])
-
-
-def open_results(config: dict, records: dict) -> dict:
-    """An open-text run over the built-in prompts, summarised as `eval --open` does."""
-    seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}
-    open_config = OpenConfig(
-        samplers=list(config["samplers"]),
-        seeds=len(seeds),
-        seed=min(seeds),
-        max_tokens=config["max_tokens"],
-        early_tokens=config["early_tokens"],
-    )
-    return summarize_open(records, load_prompts(builtin_prompts_path()), open_config)
 
 
 def fresh_tasks() -> list[Task]:
