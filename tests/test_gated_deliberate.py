@@ -12,12 +12,13 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx.decode.deliberate import deliberate_batch, eval_rows
-from entropix_mlx.decode.gated import STOPPED, voting
+from entropix_mlx.decode.gated import voting
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.sampling import gate
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig
+from entropix_mlx.sampling.gate import STOPPED
 from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.samplers import GreedySampler
 

@@ -82,11 +82,12 @@ def deliberate_batch(
     def make_branch(first_token=None, floor=None):
         return BranchSampler(config, False, first_token, alternatives, measure, floor=floor)
 
-    follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
-    make_root = lambda: BranchSampler(config, top=alternatives, measure=measure)  # noqa: E731
     if gated:
         follow_up = gated_stages(config, requests, candidate, make_branch, later, rerun)
         make_root = lambda: root_sampler(config, alternatives, measure)  # noqa: E731
+    else:
+        follow_up = second_stage(config, requests, candidate, make_branch, later) if config.first_stage else None
+        make_root = lambda: BranchSampler(config, top=alternatives, measure=measure)  # noqa: E731
 
     rows = forking_batch(
         model,

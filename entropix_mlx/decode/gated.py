@@ -16,7 +16,6 @@ from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from .rows import Request, RowResult
 
-STOPPED = gate.STOPPED
 _PER_TOKEN = ("tokens", "logprobs", "strategies", "metrics", "params", "notes", "tops")
 
 
@@ -74,7 +73,7 @@ def gated_stages(config: DeliberateConfig, requests, candidate, make_branch, lat
         else:
             adopt(s.root, result, len(r.prompt))
             c = candidate(index, result)
-            if c.finish_reason != STOPPED:
+            if c.finish_reason != gate.STOPPED:
                 s.voters.append(c)
             s.pending -= 1
             if s.pending:
@@ -104,4 +103,4 @@ def _after(penalties, tokens: list):
 
 def voting(candidates: list) -> list:
     """The candidates that vote: all but those running_stop ended."""
-    return [c for c in candidates if c.finish_reason != STOPPED]
+    return [c for c in candidates if c.finish_reason != gate.STOPPED]
