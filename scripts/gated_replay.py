@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
-from entropix_mlx.sampling.gate import SIGNALS, WINDOW, windows  # noqa: E402
+from entropix_mlx.sampling.gate import SIGNALS, WINDOW  # noqa: E402
 
 VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
@@ -58,6 +58,8 @@ class Cand:
     logprobs: list
     measures: dict
     answer_margin: float
+    signals: dict | None = None
+    stop: tuple | None = None  # (floor, where the running stop ends it at that floor)
 
 
 def candidates(record: dict) -> list[Cand]:
@@ -95,13 +97,18 @@ def candidates(record: dict) -> list[Cand]:
 
 
 def signals(g: Cand) -> dict:
-    return gates.signals(g.logprobs, g.answer_margin, g.measures, WINDOW)
+    if g.signals is None:  # every rule reads the same chain: measured once
+        g.signals = gates.signals(g.logprobs, g.answer_margin, g.measures, WINDOW)
+    return g.signals
 
 
 def stopped_at(c: Cand, floor: float) -> int | None:
     """DeepConf online: the token count at which the candidate's running 16-token mean
-    log-probability first falls below `floor` (None: it never does)."""
-    return gates.stopped_at(c.logprobs[c.split :], floor, WINDOW)
+    log-probability first falls below `floor` (None: it never does). The floor is its
+    question's greedy chain's, the same for every rule: found once."""
+    if c.stop is None or c.stop[0] != floor:
+        c.stop = (floor, gates.stopped_at(c.logprobs[c.split :], floor, WINDOW))
+    return c.stop[1]
 
 
 def vote(cands: list[Cand]) -> tuple[Fraction | None, bool]:
@@ -157,7 +164,7 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
     if rule.signal is not None and gates.sure(g.ended, signals(g)[rule.signal], gate):
         return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False, "answer": g.answer, "voters": [g]}
     stages = gates.stages(pick(cands, rule.firsts, rule.insides), rule.staged)
-    floor = min(windows(g.logprobs)) if rule.online_stop else None
+    floor = signals(g)["lowest_group"] if rule.online_stop else None  # the greedy chain's weakest window
     voters = [g]
     for n, stage in enumerate(stages):
         if n > 0 and settled(voters):
