@@ -5,6 +5,8 @@ where its rows come from. A records folder (`scripts/run_records.py pack`) is sc
 here with today's extractor and summarised as `eval` summarises its `--out` folder; a
 summary kept of a printed table whose records were lost gives rows marked *no records*. A
 table whose rows all have no records is listed in NO_RECORDS and must say so on every row.
+The cost table takes scripts/sampler_costs.py's runs as they were measured and scored
+(scripts/cost_records.py).
 
     python docs/tables.py           # rewrite the tables and charts in place
     python docs/tables.py --check   # exit 1, naming each table that differs from its records
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from cost_records import markdown as costs_markdown  # noqa: E402
+from cost_records import summarize as summarize_costs  # noqa: E402
 from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
@@ -63,7 +67,7 @@ class Table:
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
-    kind: str = "samplers"  # "categories": accuracy by the tasks' category; "open": open-text figures
+    kind: str = "samplers"  # "categories": by the tasks' category; "open": open-text figures; "costs": per answer
 
 
 def from_records(folder: Path, tasks: str) -> dict:
@@ -106,6 +110,8 @@ def same_greedy(a: dict, b: dict) -> bool:
 def merged(table: Table) -> dict:
     """The rows of every source over the same items, each with where its records are;
     Holm's correction over all rows compared with greedy."""
+    if table.kind == "costs":  # scripts/sampler_costs.py's runs, every one in the folder
+        return summarize_costs(ROOT / table.sources[0].path, ROOT)
     out = None
     for source in table.sources:
         path = ROOT / source.path
@@ -170,6 +176,8 @@ def cell(column: str, s: dict, greedy: dict) -> str:
 def markdown(table: Table, results: dict) -> str:
     if table.kind == "categories":
         return category_markdown(table, results)
+    if table.kind == "costs":
+        return costs_markdown(results)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
@@ -236,7 +244,9 @@ NO_RECORDS_TABLES = {
     "reasoning-profile-dev",
     "tuning-trials",
 }
+COSTS = [Source("docs/records/sampler_costs")]
 TABLES = {
+    "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
         BUILTIN,
         ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"],

@@ -1,5 +1,6 @@
 """docs/tables.py: the published results tables are what the committed records give,
-rows whose records were lost say so, and joining runs pairs and corrects them as one."""
+rows whose records were lost say so, joining runs pairs and corrects them as one, and
+the cost table compares each sampler's answers with greedy's on the same items."""
 
 import importlib.util
 import json
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("tables", ROOT / "docs" / "tables.py")
 tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tables)
+cost_records = importlib.import_module("cost_records")  # scripts/, on the path tables.py gives itself
 
 COLUMNS = ["accuracy", "gen tokens", "W/L/T vs greedy", "p Holm", "records"]
 
@@ -96,3 +98,60 @@ def test_a_changed_figure_an_unmarked_table_and_a_no_records_row_without_the_mar
     assert tables.problems(write=False, paths=[doc], tables={}) == [
         f"doc.md: table {name}: 1 rows do not say *no records*"
     ]
+
+
+def cost_run(folder, condition, rows):
+    """A scripts/sampler_costs.py run: rows of (sampler, index, tokens, seconds, correct, cut off, extra)."""
+    folder.mkdir(exist_ok=True)
+    records = [
+        {"sampler": s, "index": i, "tokens": t, "seconds": sec, "correct": ok, "cut_off": cut, "condition": condition}
+        | extra
+        for s, i, t, sec, ok, cut, extra in rows
+    ]
+    cost_records.write_records(folder / f"m-{condition}.jsonl.gz", records)
+    settings = {"model": "m", "tasks": "t.jsonl", "max_tokens": 768, "cot": True}
+    cost_records.write_settings(folder / f"m-{condition}.json", settings)
+
+
+def test_the_cost_table_gives_each_samplers_tokens_against_greedys_and_its_seconds_quiet_and_busy(tmp_path):
+    folder = tmp_path / "costs"
+    reasoning, votes = {"reasoning": True}, {"reasoning": False, "k": 8}
+    cost_run(
+        folder,
+        "quiet",
+        [
+            ("greedy", 0, 100, 10.0, True, False, {}),
+            ("greedy", 1, 300, 14.0, False, True, {}),
+            ("deliberate", 0, 250, 20.0, True, False, reasoning),
+            ("deliberate", 1, 950, 60.0, True, False, reasoning),
+            ("self_consistency", 0, 800, 80.0, True, False, votes),
+        ],
+    )
+    cost_run(folder, "busy", [("greedy", 0, 100, 19.0, True, False, {}), ("greedy", 1, 300, 31.0, False, True, {})])
+    table = tables.Table([tables.Source(str(folder))], [], kind="costs")
+    rows = tables.markdown(table, tables.merged(table)).splitlines()
+    where = str(folder)
+    assert rows[2:] == [
+        f"| greedy | 200.0 (1.00) | 12.0 (12.0) | 25.0 (25.0) | 2/4 | 2/4 | {where} |",
+        f"| deliberate --reasoning | 600.0 (3.00) | 40.0 (40.0) |  | 2/2 | 0/2 | {where} |",
+        # on the item it has: 800 against greedy's 100 there, not against greedy's mean of 200
+        f"| self_consistency k=8 | 800.0 (8.00) | 80.0 (80.0) |  | 1/1 | 0/1 | {where} |",
+    ]
+    assert rows[0].startswith("| sampler | gen tokens / answer (× greedy) | s / answer quiet: median (mean) |")
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table: costs -->\n" + "\n".join(rows).replace("40.0 (40.0)", "41.0 (40.0)") + "\n")
+    assert tables.problems(write=False, paths=[doc], tables={"costs": table}) == [
+        "doc.md: table costs differs from what its records give"
+    ]
+
+
+def test_the_cost_table_says_when_it_has_no_records_and_refuses_runs_that_do_not_compare(tmp_path):
+    table = tables.Table([tables.Source(str(tmp_path / "none"))], [], kind="costs")
+    assert "*no records yet" in tables.markdown(table, tables.merged(table)).splitlines()[2]
+    folder = tmp_path / "costs"
+    cost_run(folder, "quiet", [("greedy", 0, 100, 10.0, True, False, {})])
+    settings = json.loads((folder / "m-quiet.json").read_text())
+    (folder / "m-busy.json").write_text(json.dumps(settings | {"max_tokens": 512}))
+    (folder / "m-busy.jsonl.gz").write_bytes((folder / "m-quiet.jsonl.gz").read_bytes())
+    with pytest.raises(SystemExit, match="different models, tasks or limits"):
+        tables.merged(tables.Table([tables.Source(str(folder))], [], kind="costs"))
