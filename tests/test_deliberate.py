@@ -13,6 +13,7 @@ from entropix_mlx.decode.engine import generate_batch
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.sampling.answers import default_answer
 from entropix_mlx.sampling.branching import BranchSampler
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
 from entropix_mlx.sampling.recorder import recording
@@ -21,7 +22,6 @@ from entropix_mlx.sampling.selection import (
     Candidate,
     answer_scores,
     answer_token_span,
-    default_answer,
     lowest_group,
     select,
     why,

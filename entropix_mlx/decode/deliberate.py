@@ -31,11 +31,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..errors import ConfigError
+from ..sampling.answers import default_answer
 from ..sampling.branching import BranchSampler
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.recorder import KEPT_ALTERNATIVES
 from ..sampling.samplers import GREEDY_PARAMS
-from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, default_answer, select, why
+from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, select, why
 from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .gated import gated_stages, root_sampler, voting

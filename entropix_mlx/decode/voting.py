@@ -7,8 +7,9 @@ of the first k' < k samples, is recomputed from one run without decoding."""
 from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
+from ..sampling.answers import default_answer
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
-from ..sampling.selection import default_answer, vote
+from ..sampling.selection import vote
 from ..sampling.voting import SampleSpawner, VoteConfig
 from .engine import by_request, forking_batch
 from .rows import Request, RowResult

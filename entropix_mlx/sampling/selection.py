@@ -1,8 +1,7 @@
-"""deliberate's answer selection: the candidates, how each answer is read and
-scored, and which one is kept."""
+"""deliberate's answer selection: the candidates, how each answer is scored, and
+which one is kept (how a candidate's answer is read from its text: answers.py)."""
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -93,20 +92,6 @@ class Deliberation:
             # What a row did not record (alternatives, measures) is left out, not written empty.
             "candidates": [{k: v for k, v in c.to_dict().items() if v != [] and v != {}} for c in self.candidates],
         }
-
-
-_NUMBER = re.compile(r"[-\u2212]?\d+(?:\.\d+)?")
-
-
-def default_answer(text: str) -> str | None:
-    """Without a task: the last number in the text (so that "5.0" and "5" agree),
-    else its first non-empty line in lower case without punctuation."""
-    numbers = _NUMBER.findall(text.replace(",", ""))
-    if numbers:
-        value = numbers[-1].replace("\u2212", "-")
-        return value.rstrip("0").rstrip(".") if "." in value else value
-    line = next((s for s in text.splitlines() if s.strip()), "")
-    return " ".join(re.sub(r"[^\w\s]", " ", line.lower()).split()) or None
 
 
 def answer_token_span(tokenizer, tokens: list[int], answer: str | None) -> list[int]:
