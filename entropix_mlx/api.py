@@ -63,7 +63,8 @@ def make_sampler(name: str = "entropix", model=None, **settings):
     defaults (for `entropix`, the `reference` preset, tuned for Llama-3.2-1B),
     with a warning: thresholds do not transfer between models. `reasoning=True`
     (entropix): the card's settings for chains of thought (its [reasoning]
-    table, else the default reasoning profile)."""
+    table, else the default reasoning profile); (deliberate) its reasoning setting,
+    each candidate's answer read as eval reads a chain of thought's number."""
     given = {k: settings.pop(k) for k in list(settings) if k in PARAMETERS}
     choice = choose(name, given, EVAL_SAMPLER_NAMES)  # the one rule the CLI and the server follow too
     for note in choice.notes:

@@ -308,6 +308,21 @@ def test_a_chat_cache_as_the_shared_prefix_gives_the_same_deliberation(model, ti
     assert paths(held) == paths(fresh) and len(paths(fresh)) == 4  # 2 at the first token, 1 later
 
 
+def test_a_deliberators_own_reading_gives_its_candidates_answers_unless_eval_gives_the_tasks(model, tiny_tokenizer):
+    from entropix_mlx.decode.deliberate import Deliberator
+
+    prompt = prompt_of(tiny_tokenizer, TEXTS[0])
+    sampler = Deliberator(DeliberateConfig(first_alternatives=2, max_branch_points=0), answer_of=lambda t: f"{len(t)}")
+    generation = sampler.generate(model, tiny_tokenizer, prompt, max_tokens=5)
+    list(generation)
+    candidates = generation.deliberation.candidates
+    assert len(candidates) == 3 and all(c.answer == f"{len(c.text)}" for c in candidates)
+    ((_, row, _),) = sampler.answer_rows(model, tiny_tokenizer, [Request(prompt, 0, 5)], 1)
+    assert [c["answer"] for c in row.extra["candidates"]] == [c.answer for c in candidates]
+    ((_, row, _),) = sampler.answer_rows(model, tiny_tokenizer, [Request(prompt, 0, 5)], 1, None, lambda i, t: "7")
+    assert {c["answer"] for c in row.extra["candidates"]} == {"7"}  # eval reads by the task
+
+
 def test_eval_runs_deliberate_items_through_the_branches(model, tiny_tokenizer, tmp_path):
     from entropix_mlx.eval import EvalConfig, parse_task, run_eval
 

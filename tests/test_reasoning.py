@@ -169,13 +169,65 @@ def test_run_eval_and_the_server_reason_with_one_deliberate_setting(tiny_ref, tm
         (job,), notes = Server(engine)._prepare(parse(body, True, SAMPLER_NAMES), chat=True)
     finally:
         engine.close()
+    from entropix_mlx.sampling.answers import chain_of_thought_answer
     from entropix_mlx.sampling.deliberate_config import REASONING as DELIBERATE_REASONING
 
     served = job.sampler.config.to_dict()
     assert notes == [] and all(served[k] == v for k, v in DELIBERATE_REASONING.items())
+    assert job.sampler.answer_of is chain_of_thought_answer  # its candidates read as eval's row reads them
     assert {k: row[k] for k in DELIBERATE_REASONING} == {k: served[k] for k in DELIBERATE_REASONING}
     assert ran["branches"] >= 1
     code, _, err = invoke(
         "run", "3 + 4?", "-m", tiny_ref, "--sampler", "deliberate", "--reasoning", "--max-tokens", "3"
     )
     assert code == 0 and "+ the default reasoning setting" in err.splitlines()[0]
+
+
+# Texts a chain of thought ends with: three ways of writing 1000 and one other answer.
+COT_ENDINGS = [
+    "I think it is 999 boxes.",
+    "So 250 * 4 = \\boxed{1,000}. So 3 boxes.",
+    "The answer is 1000.",
+    "Each holds 1{,}000: \\boxed{1{,}000}",
+]
+
+
+def cot_candidates(answer_of) -> list:
+    """The greedy answer (999) surer than each branch, the three branches one answer between them."""
+    from entropix_mlx.sampling.selection import Candidate
+
+    return [
+        Candidate(
+            row=i,
+            parent=None if i == 0 else 0,
+            split=None if i == 0 else 0,
+            tokens=[1],
+            text=text,
+            answer=answer_of(text),
+            logprobs=[lp],
+            margins=[0.0],
+            finish_reason="eos",
+            own_tokens=1,
+            mean_logprob=lp,
+        )
+        for i, (text, lp) in enumerate(zip(COT_ENDINGS, [-0.1, -0.15, -0.15, -0.15], strict=True))
+    ]
+
+
+def test_a_reasoning_deliberate_reads_and_picks_a_chain_of_thoughts_answer_as_eval_does(cards):
+    from entropix_mlx.eval.scoring import score
+    from entropix_mlx.eval.tasks import Task
+    from entropix_mlx.sampling.selection import select
+
+    reasoned, plain = build("deliberate", card="plain", reasoning=True), build("deliberate", card="plain")
+    number = Task(0, "How many?", ["1000"])
+    by_eval = [score(t, number, cot=True)[0] for t in COT_ENDINGS]
+    assert [reasoned.answer_of(t) for t in COT_ENDINGS] == by_eval == ["999", "1000", "1000", "1000"]
+    assert [plain.answer_of(t) for t in COT_ENDINGS] == ["999", "3", "1000", "000"]  # the last number, unchanged
+    cfg = reasoned.config
+    rule = (cfg.selector, cfg.margin, cfg.clean_first, cfg.vote_temperature, cfg.group_tokens)
+    chosen, _, scores = select(cot_candidates(reasoned.answer_of), *rule)
+    assert set(scores) == {"999", "1000"} and chosen != 0  # the three 1000s outvote the surer 999
+    by_eval_chosen, _, by_eval_scores = select(cot_candidates(lambda t: score(t, number, cot=True)[0]), *rule)
+    assert (chosen, scores) == (by_eval_chosen, by_eval_scores)
+    assert select(cot_candidates(plain.answer_of), *rule)[0] == 0  # read by their last numbers, 999 stays

@@ -91,16 +91,7 @@ def deliberate_batch(
         make_root = lambda: BranchSampler(config, top=alternatives, measure=measure)  # noqa: E731
 
     rows = forking_batch(
-        model,
-        tokenizer,
-        requests,
-        make_root,
-        make_branch,
-        batch_size,
-        prefix,
-        prefix_cache,
-        stop_when,
-        follow_up,
+        model, tokenizer, requests, make_root, make_branch, batch_size, prefix, prefix_cache, stop_when, follow_up
     )
     rows = _watched(rows, on_row) if on_row else rows
     for index, results, seconds in by_request(rows, later):
@@ -301,12 +292,13 @@ class DeliberateGeneration:
         seed: int = 0,
         cache=None,
         penalties=None,
+        answer_of: Callable[[str], str | None] = default_answer,
     ):
         if len(prompt_tokens) == 0:
             raise ConfigError("the prompt has no tokens; give some text")
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.prompt_tokens, self.max_tokens, self.seed = list(prompt_tokens), max_tokens, seed
-        self.cache, self.penalties = cache, penalties
+        self.cache, self.penalties, self.answer_of = cache, penalties, answer_of
         self.tokens: list[int] = []
         self.events: list[TokenEvent] = []
         self.finish_reason = "running"
@@ -339,6 +331,7 @@ class DeliberateGeneration:
             self.tokenizer,
             [request],
             self.config,
+            lambda index, text: self.answer_of(text),
             prefix=prefix,
             prefix_cache=self.cache if held else None,
             on_row=seen,
@@ -382,16 +375,26 @@ class DeliberateGeneration:
 
 class Deliberator:
     """`deliberate` as a decoder (see `generate.Decoder`): it answers by branching
-    over whole answers, so it has no per-step decision to put in a shared batch."""
+    over whole answers, so it has no per-step decision to put in a shared batch.
+    `answer_of(text)` reads an answer where no task does (eval reads the task's)."""
 
-    def __init__(self, config: DeliberateConfig | None = None, source: str = "defaults", name: str = "deliberate"):
-        self.name, self.config = name, config or DeliberateConfig()
+    def __init__(
+        self,
+        config: DeliberateConfig | None = None,
+        source: str = "defaults",
+        name: str = "deliberate",
+        answer_of: Callable[[str], str | None] = default_answer,
+    ):
+        self.name, self.config, self.answer_of = name, config or DeliberateConfig(), answer_of
         self.config_source = f"deliberate settings: {source}"
 
     def generate(
         self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None
     ) -> DeliberateGeneration:
-        return DeliberateGeneration(model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache, penalties)
+        return DeliberateGeneration(
+            model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache, penalties, self.answer_of
+        )
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None):
+        answer_of = answer_of or (lambda index, text: self.answer_of(text))
         return eval_rows(model, tokenizer, requests, self.config, answer_of, batch_size, prefix)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..decode.deliberate import Deliberator
 from ..decode.voting import Voter
 from ..errors import ConfigError
+from ..sampling.answers import chain_of_thought_answer, default_answer
 from ..sampling.config import SamplerConfig, resolve_config
 from ..sampling.deliberate_config import COT_DECODING, FIRST_TOKEN_VOTE, STAGED, DeliberateConfig, resolve_deliberate
 from ..sampling.entropix import EntropixSampler
@@ -72,7 +73,9 @@ def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
     if spec.preset is not None:  # whatever the card says
         return Deliberator(spec.preset.replace(**overrides), f"the {spec.name} preset", spec.name)
     cfg, source = resolve_deliberate(card, config, reasoning, **{**(spec.rule or {}), **overrides})
-    return Deliberator(cfg, source, spec.name)
+    # A chain of thought's candidates are grouped by the number eval's chain-of-thought
+    # scoring reads, so that the vote here is the vote of eval's row (its figures).
+    return Deliberator(cfg, source, spec.name, chain_of_thought_answer if reasoning else default_answer)
 
 
 def _vote(spec, card, config, reasoning, tokenizer, overrides):
@@ -153,6 +156,8 @@ def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = F
     and `overrides` (None values are ignored): sampling parameters, `metrics`
     (False: a baseline skips them), `logprobs` (greedy only), `budget`, `k`, or
     any field of the sampler's settings. `reasoning`: entropix's reasoning profile;
+    deliberate's reasoning setting, its candidates' answers read as a chain of
+    thought's (`answers.chain_of_thought_answer`, with a config file too);
     `tokenizer`: the model's (entropix's thinking text is in its tokens)."""
     spec = spec_of(name)
     if reasoning and not spec.reasoning:

@@ -20,7 +20,8 @@ numbers.
   answer in a vote.
 
 Without a task, a decoder reads a candidate's answer with `default_answer`
-(the last number, else the first line).
+(the last number, else the first line), or for a chain of thought with
+`chain_of_thought_answer` (eval's reading of a number item under chain of thought).
 """
 
 import re
@@ -165,6 +166,14 @@ def format_number(value: Fraction) -> str:
         return str(value.numerator)
     decimal = float(value)
     return repr(decimal) if Fraction(repr(decimal)) == value else f"{value.numerator}/{value.denominator}"
+
+
+def chain_of_thought_answer(text: str) -> str | None:
+    """A chain of thought's answer without a task: its number as eval's scoring
+    reads a number item's under chain of thought, so that "1,000", "1000" and
+    `\\boxed{1{,}000}` are one answer; None without a number (it does not vote)."""
+    value = extract_cot_number(text)
+    return None if value is None else format_number(value)
 
 
 _PLAIN_NUMBER = re.compile(r"[-\u2212]?\d+(?:\.\d+)?")
