@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from code_check import summarize as summarize_code  # noqa: E402
 from cost_records import markdown as costs_markdown  # noqa: E402
 from cost_records import summarize as summarize_costs  # noqa: E402
 from run_records import packed_records  # noqa: E402
@@ -67,7 +68,8 @@ class Table:
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
-    kind: str = "samplers"  # "categories": by the tasks' category; "open": open-text figures; "costs": per answer
+    # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts
+    kind: str = "samplers"
 
 
 def from_records(folder: Path, tasks: str) -> dict:
@@ -104,7 +106,42 @@ def fresh_tasks() -> list[Task]:
 
 def same_greedy(a: dict, b: dict) -> bool:
     """Two runs' greedy rows agree to the precision a printed table keeps: one row."""
+    if "accuracy" not in a:  # open text: the same answers give the same figures
+        return all(a[k] == b[k] for k in ("repeated_4gram_share", "mean_logprob", "longest_loop_max", "mean_tokens"))
     return a["accuracy"] == b["accuracy"] and abs(generated_tokens(a) - generated_tokens(b)) < 0.05
+
+
+def code_results(table: Table) -> dict:
+    """scripts/code_check.py's records: greedy, then each source's entropix row against it."""
+    rows = {}
+    for source in table.sources:
+        s = summarize_code(ROOT / source.path)
+        if not rows:
+            rows["greedy"] = {"pass": s["passes"]["greedy"], "defs": s["defs_passes"]["greedy"], "records": source.path}
+        elif s["passes"]["greedy"] != rows["greedy"]["pass"] or s["tasks"] != rows["greedy"]["tasks"]:
+            raise SystemExit(f"{source.path}: another greedy run or other tasks than the first source's")
+        rows["greedy"]["tasks"] = s["tasks"]
+        rows[source.names["entropix"]] = {
+            "pass": s["passes"]["entropix"],
+            "defs": s["defs_passes"]["entropix"],
+            "wlt": f"{s['wins']}/{s['losses']}/{s['ties']}",
+            "p": format_p(s["p"]),
+            "changed": f"{s['answers_changed']}/{s['tasks']}",
+            "argmax": s["divergence_strategy"].get("argmax", 0),
+            "records": source.path,
+        }
+    return {"samplers": rows}
+
+
+def code_markdown(results: dict) -> str:
+    lines = [
+        "| sampler | pass | defs pass | W/L/T (pass) vs greedy | p | answers changed | argmax first divergences | records |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in results["samplers"].items():
+        cells = [r["pass"], r["defs"], r.get("wlt", ""), r.get("p", ""), r.get("changed", ""), r.get("argmax", "")]
+        lines.append("| " + " | ".join([name, *map(str, cells), r["records"]]) + " |")
+    return "\n".join(lines)
 
 
 def merged(table: Table) -> dict:
@@ -112,6 +149,8 @@ def merged(table: Table) -> dict:
     Holm's correction over all rows compared with greedy."""
     if table.kind == "costs":  # scripts/sampler_costs.py's runs, every one in the folder
         return summarize_costs(ROOT / table.sources[0].path, ROOT)
+    if table.kind == "code":
+        return code_results(table)
     out = None
     for source in table.sources:
         path = ROOT / source.path
@@ -124,8 +163,8 @@ def merged(table: Table) -> dict:
         if out is None:
             out = {**results, "samplers": rows}
             continue
-        if (results["item_range"], results["items"]) != (out["item_range"], out["items"]):
-            raise SystemExit(f"{source.path} covers items {results['item_range']}, not {out['item_range']}")
+        if (results.get("item_range"), results["items"]) != (out.get("item_range"), out["items"]):
+            raise SystemExit(f"{source.path} covers items {results.get('item_range')}, not {out.get('item_range')}")
         for name, s in rows.items():
             greedy = out["samplers"]["greedy"]
             if name == "greedy" and same_greedy(s, greedy):
@@ -178,6 +217,8 @@ def markdown(table: Table, results: dict) -> str:
         return category_markdown(table, results)
     if table.kind == "costs":
         return costs_markdown(results)
+    if table.kind == "code":
+        return code_markdown(results)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
@@ -223,6 +264,11 @@ MLX_LM = [
             "entropix_logits_only": "entropix, logits only (as inside mlx-lm)",
         },
     )
+]
+CODE_RUNS = [
+    ("card", "entropix (card)"),
+    ("norep", "entropix (card, repetition_bits = 0)"),
+    ("ngram8", "entropix (card, repetition_ngram = 8)"),
 ]
 PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
 # Tables whose runs' records were lost: kept as printed, every row marked.
@@ -285,6 +331,22 @@ TABLES = {
         FRESH, ["accuracy", "n", "tokens", "gen tokens", "cut off", *PAIRED, "p", "p Holm", "records"]
     ),
     "fresh-items-categories": Table(FRESH, ["greedy", "entropix", "deliberate"], kind="categories"),
+    "q05-open-text": Table(
+        [
+            Source("docs/records/open_q05_card", names={"entropix": "entropix (card)"}),
+            Source("docs/records/open_q05_ngram8", names={"entropix": "entropix (card, repetition_ngram = 8)"}),
+        ],
+        [],
+        kind="open",
+    ),
+    "code-prompts": Table(
+        [
+            Source(f"docs/records/code_own/qwen2.5-coder-0.5b-{run}.jsonl.gz", names={"entropix": label})
+            for run, label in CODE_RUNS
+        ],
+        [],
+        kind="code",
+    ),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
         Q05,

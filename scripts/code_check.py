@@ -14,6 +14,7 @@ strategy, token and metrics at the first token where the two answers part.
 
 import argparse
 import ast
+import gzip
 import json
 import math
 import re
@@ -162,7 +163,8 @@ def region(before: str) -> str:
 def summarize(path: str, base: str = "greedy", other: str = "entropix", ngram: int = 3) -> dict:
     from entropix_mlx.sampling.repetition import repeat_counts  # pure Python: no mlx
 
-    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    text = gzip.open(path, "rt").read() if str(path).endswith(".gz") else Path(path).read_text()
+    recs = [json.loads(line) for line in text.splitlines() if line.strip()]
     by = {(r["index"], r["sampler"]): r for r in recs}
     pairs = [(by[i, base], by[i, other]) for i, s in sorted(by) if s == base and (i, other) in by]
     wins = sum(e["passed"] and not g["passed"] for g, e in pairs)
