@@ -59,6 +59,28 @@ def test_repeat_counts_and_path_repeats():
     assert sampler.path_score([7, 5, 6], [-1.0, -1.0, -1.0], history) == pytest.approx(-3.0 / math.log(2) - 2.0 * 6)
 
 
+def test_the_loop_scope_charges_a_loop_as_before_and_a_copy_from_further_back_nothing():
+    phrase = [10, 11, 12, 13, 14, 15]
+    # A loop under way: the second copy follows the first back to back, same units as ever.
+    for k in range(1, 7):
+        history, t = phrase + phrase[: k - 1], phrase[k - 1]
+        assert repeat_counts(history, 3, loops_only=True).get(t, 0) == repeat_counts(history, 3).get(t, 0)
+    # The same phrase copied after other text (a restated name, the next test line): free.
+    apart = phrase + [20, 21, 22, 23, 24, 25, 26] + phrase[:4]
+    assert repeat_counts(apart, 3)[phrase[4]] == 3
+    assert repeat_counts(apart, 3, loops_only=True) == {}
+    # A short unit repeated back to back is a loop from its n-th token: "1, 1, 1" in test data too.
+    assert repeat_counts([7, 8, 7, 8], 3, loops_only=True) == {7: 1}
+    assert repeat_counts([7, 9, 9], 1, loops_only=True) == {9: 1}
+    assert path_repeats([30, 31, 32], [30, 31, 32], 3, loops_only=True) == path_repeats([30, 31, 32], [30, 31, 32], 3)
+    history = [9, 8, 0, 7, 1, 2, 3, 4, 9, 8]  # "9 8 0" again, far from the first
+    loops = EntropixSampler(SamplerConfig(repetition_bits=2.0, repetition_scope="loops", **ARGMAX_HERE))
+    answer = EntropixSampler(SamplerConfig(repetition_bits=2.0, **ARGMAX_HERE))
+    assert answer.choose(step(CLOSE, tokens=history), mx.random.key(0)).tokens == [1]
+    assert loops.choose(step(CLOSE, tokens=history), mx.random.key(0)).tokens == [0]  # greedy's token
+    assert loops.choose(step(CLOSE, tokens=[9, 8, 0, 9, 8]), mx.random.key(0)).tokens == [1]  # a loop
+
+
 # -- end of turn right after a thinking insertion ---------------------------------------------
 
 ENDS = [0.0] * V

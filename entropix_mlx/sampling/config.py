@@ -32,6 +32,7 @@ CONFIDENCE_SELECTS = ("confidence", "path_confidence")
 
 
 BRANCH_ROLLOUTS = ("greedy", "scored")
+REPETITION_SCOPES = ("answer", "loops")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class SamplerConfig(Settings):
     resample_temperature: float = 2.0
     repetition_bits: float = 2.0
     repetition_ngram: int = 3
+    # Which repeats the score charges: "answer", every earlier occurrence in the
+    # answer; "loops", only a copy that runs back to back from its source (a
+    # loop under way), so code's restated names and test lines go free.
+    repetition_scope: str = "answer"
 
     # Branch: fork the KV cache, roll out this many candidate first tokens for
     # branch_rollout_tokens tokens each (greedy after the first) and keep the
@@ -129,6 +134,11 @@ class SamplerConfig(Settings):
     thinking_text: str = " ..."
     max_thinking_insertions: int = 3
 
+    @property
+    def loops_only(self) -> bool:
+        """Whether the score charges loops only (`repetition_scope`)."""
+        return self.repetition_scope == "loops"
+
     def __post_init__(self):
         validate(self, RULES, CHECKS)
 
@@ -169,6 +179,7 @@ RULES = {
     "resample_temperature": rule(lambda v: v > 0, "must be > 0"),
     "repetition_bits": at_least(0, "bits"),
     "repetition_ngram": at_least(1),
+    "repetition_scope": rule(lambda v: v in REPETITION_SCOPES, f"must be one of: {', '.join(REPETITION_SCOPES)}"),
     "branch_candidates": at_least(1),
     "branch_rollout_tokens": at_least(1),
     "branch_select": rule(lambda v: v in BRANCH_SELECTS, f"must be one of: {', '.join(BRANCH_SELECTS)}"),

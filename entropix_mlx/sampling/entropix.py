@@ -134,7 +134,7 @@ class EntropixSampler(TwoPhaseSampler):
         c = self.config
         if c.repetition_bits <= 0:
             return {}
-        counts = repeat_counts(history, c.repetition_ngram).most_common(BIAS_SLOTS)
+        counts = repeat_counts(history, c.repetition_ngram, c.loops_only).most_common(BIAS_SLOTS)
         return {t: -c.repetition_bits * k / NATS_TO_BITS for t, k in counts}
 
     def plan(self, step: Step, key: mx.array) -> dict:
@@ -343,8 +343,9 @@ class EntropixSampler(TwoPhaseSampler):
         """The score of a sequence of tokens after `history`: total log2 p minus
         repetition_bits per repeated n-gram it completes (over history
         and the path so far)."""
-        repeats = path_repeats(history, path, self.config.repetition_ngram) if self.config.repetition_bits else 0
-        return sum(logprobs) * NATS_TO_BITS - self.config.repetition_bits * repeats
+        c = self.config
+        repeats = path_repeats(history, path, c.repetition_ngram, c.loops_only) if c.repetition_bits else 0
+        return sum(logprobs) * NATS_TO_BITS - c.repetition_bits * repeats
 
     # -- strategies that run the model ----------------------------------------------
 

@@ -5,7 +5,7 @@ repeats by which a finished answer is judged degenerate (open-text quality, deli
 from collections import Counter
 
 
-def repeat_counts(history: list[int], n: int) -> Counter:
+def repeat_counts(history: list[int], n: int, loops_only: bool = False) -> Counter:
     """For each token: its repetition units if it came next, the number of
     earlier occurrences in `history` of the n-gram it would complete (the last
     n - 1 tokens + it), plus, for the longest such repeat, one unit for every
@@ -13,10 +13,19 @@ def repeat_counts(history: list[int], n: int) -> Counter:
     costs more with every token copied: the k-th token of a second copy of a
     phrase (k >= n) costs k - n + 1 units, and a loop cannot outlast the
     penalty however likely the model finds it (a count alone charged one unit
-    per token of a second copy, which a confident model pays easily)."""
+    per token of a second copy, which a confident model pays easily).
+
+    `loops_only`: an occurrence counts only when the copy runs back to back
+    from it (the repeated span is at least as long as the distance between the
+    two), a loop under way. A loop costs what it costs otherwise; a name, a
+    docstring's restatement or a list of test calls, copied from further back
+    in code on purpose, costs nothing."""
     counts = Counter()
     if n == 1:
-        counts.update(history)
+        if not loops_only:
+            counts.update(history)
+        elif history:
+            counts[history[-1]] += 1  # a token right after itself is a loop of one
         return counts
     if len(history) < n:
         return counts
@@ -27,10 +36,12 @@ def repeat_counts(history: list[int], n: int) -> Counter:
     for i in range(end - n + 1):
         if history[i] == first and history[i : i + n - 1] == tail:
             t = history[i + n - 1]
-            counts[t] += 1
             extra = 0  # how much further back the match goes
             while i - extra - 1 >= 0 and history[i - extra - 1] == history[end - n - extra]:
                 extra += 1
+            if loops_only and n + extra < end - n + 1 - i:
+                continue  # the copy does not reach back to where it is copied from
+            counts[t] += 1
             longest[t] = max(longest.get(t, 0), extra)
     for t, extra in longest.items():
         counts[t] += extra
@@ -60,21 +71,21 @@ def longest_loop(tokens: list[int]) -> int:
     return best
 
 
-def _units_along(history: list[int], path: list[int], n: int):
+def _units_along(history: list[int], path: list[int], n: int, loops_only: bool = False):
     """Each token's repetition units (`repeat_counts`) after history + the path before it."""
     seq = list(history)
     for t in path:
-        yield repeat_counts(seq, n).get(t, 0)
+        yield repeat_counts(seq, n, loops_only).get(t, 0)
         seq.append(t)
 
 
-def first_repeat(history: list[int], path: list[int], n: int) -> int:
+def first_repeat(history: list[int], path: list[int], n: int, loops_only: bool = False) -> int:
     """The index of the first token of `path` that has repetition units after
     history + the path before it; len(path) when none has."""
-    return next((i for i, units in enumerate(_units_along(history, path, n)) if units), len(path))
+    return next((i for i, units in enumerate(_units_along(history, path, n, loops_only)) if units), len(path))
 
 
-def path_repeats(history: list[int], path: list[int], n: int) -> int:
+def path_repeats(history: list[int], path: list[int], n: int, loops_only: bool = False) -> int:
     """Repetition units a path of tokens adds: the sum over its tokens of their
     `repeat_counts` units after history + the path before them."""
-    return sum(_units_along(history, path, n))
+    return sum(_units_along(history, path, n, loops_only))

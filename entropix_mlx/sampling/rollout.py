@@ -62,7 +62,10 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
             n == 1
             and synced
             and sampler.config.repetition_bits
-            and first_repeat(step.tokens, said[0][len(step.tokens) :], sampler.config.repetition_ngram) < len(path)
+            and first_repeat(
+                step.tokens, said[0][len(step.tokens) :], sampler.config.repetition_ngram, sampler.config.loops_only
+            )
+            < len(path)
         ):
             break  # the path is handed out only up to here: rolling on would be thrown away
         logits, _ = step.model(path[-1][:, None], rollout)  # scores unused (never computed: lazy)
@@ -89,7 +92,9 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     # never handed out whole; the next step decides there, with the score.
     keep = len(paths[best])
     if sampler.config.repetition_bits:
-        keep = max(1, first_repeat(step.tokens, paths[best], sampler.config.repetition_ngram))
+        keep = max(
+            1, first_repeat(step.tokens, paths[best], sampler.config.repetition_ngram, sampler.config.loops_only)
+        )
     end = next((j for j, t in enumerate(paths[best][:keep]) if t in eos), None)
     # The step's cache takes the winner's rollout keys: up to the end of the turn, for a
     # conversation that goes on from this cache; up to the last kept token otherwise.
@@ -156,7 +161,7 @@ def best_path(
     def repeats(i):
         if not c.repetition_bits:
             return 0
-        return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram)
+        return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram, c.loops_only)
 
     return max(
         range(len(paths)), key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0))
