@@ -61,10 +61,14 @@ def test_repeat_counts_and_path_repeats():
 
 def test_the_loop_scope_charges_a_loop_as_before_and_a_copy_from_further_back_nothing():
     phrase = [10, 11, 12, 13, 14, 15]
-    # A loop under way: the second copy follows the first back to back, same units as ever.
-    for k in range(1, 7):
-        history, t = phrase + phrase[: k - 1], phrase[k - 1]
-        assert repeat_counts(history, 3, loops_only=True).get(t, 0) == repeat_counts(history, 3).get(t, 0)
+    # A copy is a loop once it is a whole unit long, back to back with its source: a 6-token
+    # phrase copied right after itself goes free for 5 tokens, then costs what it always did.
+    units = [repeat_counts(phrase + phrase[: k - 1], 3, loops_only=True).get(phrase[k - 1], 0) for k in range(1, 7)]
+    assert units == [0, 0, 0, 0, 0, 4]
+    unit = [10, 11, 12]  # a 3-token unit repeated: charged from its first repeat, ever more
+    loop = unit * 4
+    charged = [repeat_counts(loop[:k], 3, loops_only=True).get(loop[k], 0) for k in range(5, 12)]
+    assert all(c > 0 for c in charged) and charged == sorted(charged) and charged[-1] > charged[0]
     # The same phrase copied after other text (a restated name, the next test line): free.
     apart = phrase + [20, 21, 22, 23, 24, 25, 26] + phrase[:4]
     assert repeat_counts(apart, 3)[phrase[4]] == 3

@@ -17,7 +17,7 @@ def repeat_counts(history: list[int], n: int, loops_only: bool = False) -> Count
 
     `loops_only`: an occurrence counts only when the copy runs back to back
     from it (the repeated span is at least as long as the distance between the
-    two), a loop under way. A loop costs what it costs otherwise; a name, a
+    two), a loop under way: charged from the moment the copy is one unit long; a name, a
     docstring's restatement or a list of test calls, copied from further back
     in code on purpose, costs nothing."""
     counts = Counter()
