@@ -335,6 +335,7 @@ TABLES = {
         [
             Source("docs/records/open_q05_card", names={"entropix": "entropix (card)"}),
             Source("docs/records/open_q05_ngram8", names={"entropix": "entropix (card, repetition_ngram = 8)"}),
+            Source("docs/records/open_q05_loops", names={"entropix": 'entropix (card, repetition_scope = "loops")'}),
         ],
         [],
         kind="open",
