@@ -16,6 +16,7 @@ is all the scorer reads of a GSM8K item, so the tasks are rebuilt from the recor
 """
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -29,6 +30,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from code_check import summarize as summarize_code  # noqa: E402
 from cost_records import markdown as costs_markdown  # noqa: E402
 from cost_records import summarize as summarize_costs  # noqa: E402
+from gated_replay import markdown as replay_markdown  # noqa: E402
+from gated_replay import results as replay_results  # noqa: E402
 from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
@@ -54,6 +57,9 @@ RESULTS_HEADER = re.compile(
 )
 
 
+replay_results_once = functools.cache(replay_results)  # two tables read one pool
+
+
 @dataclass
 class Source:
     path: str  # docs/records/NAME (records) or a summary's .json (its rows: no records)
@@ -68,7 +74,8 @@ class Table:
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
-    # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts
+    # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
+    # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule
     kind: str = "samplers"
 
 
@@ -151,6 +158,8 @@ def merged(table: Table) -> dict:
         return summarize_costs(ROOT / table.sources[0].path, ROOT)
     if table.kind == "code":
         return code_results(table)
+    if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
+        return replay_results_once(ROOT / table.sources[0].path)
     out = None
     for source in table.sources:
         path = ROOT / source.path
@@ -219,6 +228,8 @@ def markdown(table: Table, results: dict) -> str:
         return costs_markdown(results)
     if table.kind == "code":
         return code_markdown(results)
+    if table.kind.startswith("replay"):
+        return replay_markdown(results, every=table.kind == "replay-all", where=table.sources[0].path)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
@@ -291,6 +302,7 @@ NO_RECORDS_TABLES = {
     "tuning-trials",
 }
 COSTS = [Source("docs/records/sampler_costs")]
+WIDE_POOL = Source("docs/records/dev_q05_wide")
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
@@ -348,6 +360,8 @@ TABLES = {
         [],
         kind="code",
     ),
+    "gated-rules": Table([WIDE_POOL], [], kind="replay"),
+    "gated-rules-all": Table([WIDE_POOL], [], kind="replay-all"),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
         Q05,

@@ -259,6 +259,68 @@ def choose(rows: list[dict], cap: float = 2.7) -> dict | None:
     return min(level, key=lambda r: (r["tokens"], -r["accuracy"]))
 
 
+def results(folder: Path) -> dict:
+    """The pool's greedy figures, every rule's row and the chosen one."""
+    pool = read_pool(folder)
+    rows = table(pool, grid())
+    greedy = [candidates(record)[0] for _, record in pool]
+    right = sum(g.right for g in greedy)
+    return {
+        "items": len(pool),
+        "greedy": {"accuracy": right / len(pool), "interval": wilson_interval(right, len(pool))},
+        "greedy_tokens": sum(g.own for g in greedy) / len(pool),
+        "rows": rows,
+        "chosen": choose(rows),
+    }
+
+
+def row_cells(r: dict, label: str) -> list[str]:
+    lo, hi = r["interval"]
+    accuracy = f"{100 * r['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    if "diff" not in r:
+        return [label, accuracy, "1.00", "", "", "", ""]
+    d, (dlo, dhi) = r["diff"]["difference"], r["diff"]["ci95"]
+    return [
+        label,
+        accuracy,
+        f"{r['x_greedy']:.2f}",
+        f"{r['wins']}/{r['losses']}",
+        f"{r['p']:.3f}",
+        f"{100 * d:+.1f} [{100 * dlo:+.1f}, {100 * dhi:+.1f}]",
+        f"{100 * r['spent_more']:.0f}%",
+    ]
+
+
+def markdown(res: dict, every: bool, where: str, top: int = 10) -> str:
+    """Every rule (`every`), best first, or the summary: greedy, the staged baseline, the
+    chosen rule, the spend-always rules, the best `top` under the cap and the best 3 over it."""
+    rows = sorted(res["rows"], key=lambda r: (-r["accuracy"], r["tokens"]))
+    chosen = res["chosen"]
+    if not every:
+        eligible = [r for r in rows if r["reads_measurements"] and r["x_greedy"] <= 2.7]
+        over = [r for r in rows if r["x_greedy"] > 2.7]
+        spend = [r for r in rows if not r["reads_measurements"] and not r["rule"].startswith("staged")]
+        base = [r for r in rows if r["rule"].startswith("staged")]
+        picked = [*base, *([chosen] if chosen else []), *eligible[:top], *over[:3], *spend[:3]]
+        rows = [r for i, r in enumerate(picked) if r not in picked[:i]]
+    head = [
+        "rule",
+        "accuracy [95% CI]",
+        "tokens × greedy",
+        "W/L vs greedy",
+        "p",
+        "diff [95% CI]",
+        "spent more",
+        "records",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " --- |" * (len(head) - 1)]
+    lines.append("| " + " | ".join([*row_cells(res["greedy"], "greedy"), where]) + " |")
+    for r in rows:
+        label = f"**{r['rule']}** (chosen)" if r is chosen else f"`{r['rule']}`"
+        lines.append("| " + " | ".join([*row_cells(r, label), where]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pool", type=Path)

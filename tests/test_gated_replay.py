@@ -1,0 +1,59 @@
+"""scripts/gated_replay.py's selection rule and its tables (docs/gated-deliberate.md)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gated_replay", ROOT / "scripts" / "gated_replay.py")
+replay = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(replay)
+
+
+def row(rule, accuracy, x_greedy, reads=True):
+    return {
+        "rule": rule,
+        "reads_measurements": reads,
+        "accuracy": accuracy,
+        "interval": (accuracy - 0.05, accuracy + 0.05),
+        "tokens": 100 * x_greedy,
+        "x_greedy": x_greedy,
+        "spent_more": 0.5,
+        "wins": 3,
+        "losses": 1,
+        "p": 0.625,
+        "diff": {"difference": 0.02, "ci95": [-0.01, 0.05]},
+    }
+
+
+ROWS = [
+    row("staged (disagreement only)", 0.50, 3.5, reads=False),
+    row("always +4first", 0.52, 4.0, reads=False),
+    row("a: best, dear", 0.40, 2.6),
+    row("b: level and cheaper", 0.392, 1.8),
+    row("c: a point and more below", 0.389, 1.2),
+    row("d: over the cap", 0.45, 2.8),
+]
+
+
+def test_the_best_within_the_cap_is_level_with_a_cheaper_rule_within_one_point():
+    assert replay.choose(ROWS)["rule"] == "b: level and cheaper"
+    assert replay.choose(ROWS, cap=1.5)["rule"] == "c: a point and more below"
+    assert replay.choose(ROWS, cap=1.0) is None
+
+
+def test_the_summary_marks_the_choice_and_keeps_the_baseline_and_the_full_table_every_rule():
+    res = {"greedy": {"accuracy": 0.3, "interval": (0.25, 0.35)}, "rows": ROWS, "chosen": replay.choose(ROWS)}
+    summary = replay.markdown(res, every=False, where="docs/records/x", top=1).splitlines()
+    names = [line.split(" | ")[0] for line in summary[2:]]
+    assert names == [
+        "| greedy",
+        "| `staged (disagreement only)`",
+        "| **b: level and cheaper** (chosen)",
+        "| `a: best, dear`",
+        "| `always +4first`",
+        "| `d: over the cap`",
+    ]
+    assert all(line.endswith("| docs/records/x |") for line in summary[2:])
+    every = replay.markdown(res, every=True, where="docs/records/x").splitlines()
+    assert len(every) == 2 + 1 + len(ROWS)
+    assert "| 1.20 | 3/1 | 0.625 | +2.0 [-1.0, +5.0] | 50% |" in every[-1]
