@@ -75,7 +75,8 @@ class Table:
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
-    # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule
+    # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
+    # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy
     kind: str = "samplers"
 
 
@@ -151,6 +152,55 @@ def code_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def bench_results(folder: str) -> dict:
+    """`entropix-mlx bench --json` runs, one a file: the quiet one and the busy one (`--contended`)."""
+    runs = {}
+    for path in sorted((ROOT / folder).glob("*.json")):
+        run = json.loads(path.read_text())
+        runs["busy" if run["machine"]["contended"] else "quiet"] = run
+    if set(runs) != {"quiet", "busy"}:
+        raise SystemExit(f"{folder}: needs one quiet and one busy (--contended) bench run")
+    return {"runs": runs, "records": folder}
+
+
+def speed_markdown(kind: str, results: dict) -> str:
+    """speed: docs/speed.md's figures; speed-readme: the README's; speed-schema: under a JSON schema."""
+    heads = {
+        "speed": "| `--weights auto` (float32, OpenBLAS + thin kernels) | mlx-lm decode | engine greedy decode "
+        "| full Entropix decode | prefill | Entropix first token | peak memory |",
+        "speed-readme": "| `--weights auto` (float32 + OpenBLAS) | decode, engine with greedy | decode, full Entropix "
+        "| prefill | first token (Entropix) | peak memory |",
+        "speed-schema": "| | Entropix decode tok/s | Entropix under the schema | ratio |",
+    }
+    head = heads[kind][:-1] + "| records |"
+    lines = [head, "| --- |" + " --- |" * (head.count("|") - 2)]
+    for when in ("quiet", "busy"):
+        run = results["runs"][when]
+        m, g, e, x = run["mlx_lm"], run["entropix_greedy"], run["entropix"], run["ratios"]
+        if kind == "speed-schema":
+            label = "quiet" if when == "quiet" else "beside a NumPy product loop on every core (`--contended`)"
+            cells = [label, f"{e['decode_tps']:.2f}", f"{run['entropix_schema']['decode_tps']:.2f}"]
+            cells.append(f"{x['decode_schema']:.3f}")
+        else:
+            first = f"{e['first_token_s']:.2f} s"
+            cells = [
+                when,
+                f"{g['decode_tps']:.2f} tok/s, **{x['decode_greedy']:.2f}×**",
+                f"{e['decode_tps']:.2f} tok/s, **{x['decode']:.2f}×**",
+                f"{e['prefill_tps']:.1f} tok/s (mlx-lm {m['prefill_tps']:.1f}), **{x['prefill']:.1f}×**",
+                f"{first} against {m['first_token_s']:.2f} s, {x['first_token']:.2f}× sooner",
+                f"{e['peak_memory_gb']:.3f} GB, {x['memory']:.2f}×",
+            ]
+            if kind == "speed":
+                cells.insert(1, f"{m['decode_tps']:.2f} tok/s")
+            else:  # the README's short form
+                cells = [c.replace("**", "") for c in cells]
+                cells[3] = f"{e['prefill_tps']:.1f} tok/s, {x['prefill']:.1f}×"
+                cells[4] = f"{first}, {x['first_token']:.2f}× sooner"
+        lines.append("| " + " | ".join([*cells, results["records"]]) + " |")
+    return "\n".join(lines)
+
+
 def merged(table: Table) -> dict:
     """The rows of every source over the same items, each with where its records are;
     Holm's correction over all rows compared with greedy."""
@@ -160,6 +210,8 @@ def merged(table: Table) -> dict:
         return code_results(table)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(ROOT / table.sources[0].path)
+    if table.kind.startswith("speed"):
+        return bench_results(table.sources[0].path)
     out = None
     for source in table.sources:
         path = ROOT / source.path
@@ -228,6 +280,8 @@ def markdown(table: Table, results: dict) -> str:
         return costs_markdown(results)
     if table.kind == "code":
         return code_markdown(results)
+    if table.kind.startswith("speed"):
+        return speed_markdown(table.kind, results)
     if table.kind.startswith("replay"):
         return replay_markdown(results, every=table.kind == "replay-all", where=table.sources[0].path)
     if table.kind == "open":
@@ -303,6 +357,7 @@ NO_RECORDS_TABLES = {
 }
 COSTS = [Source("docs/records/sampler_costs")]
 WIDE_POOL = Source("docs/records/dev_q05_wide")
+BENCH = Source("docs/records/bench")
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
@@ -361,6 +416,9 @@ TABLES = {
         kind="code",
     ),
     "gated-rules": Table([WIDE_POOL], [], kind="replay"),
+    "speed": Table([BENCH], [], kind="speed"),
+    "speed-readme": Table([BENCH], [], kind="speed-readme"),
+    "speed-schema": Table([Source("docs/records/bench_schema")], [], kind="speed-schema"),
     "gated-rules-all": Table([WIDE_POOL], [], kind="replay-all"),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(

@@ -155,3 +155,43 @@ def test_the_cost_table_says_when_it_has_no_records_and_refuses_runs_that_do_not
     (folder / "m-busy.jsonl.gz").write_bytes((folder / "m-quiet.jsonl.gz").read_bytes())
     with pytest.raises(SystemExit, match="different models, tasks or limits"):
         tables.merged(tables.Table([tables.Source(str(folder))], [], kind="costs"))
+
+
+def bench_run(folder, name, contended, decode):
+    def part(prefill, first, tps):
+        return {"prefill_tps": prefill, "first_token_s": first, "decode_tps": tps, "peak_memory_gb": 0.5}
+
+    run = {
+        "mlx_lm": part(10.0, 4.0, 10.0),
+        "entropix_greedy": part(400.0, 0.5, 2 * decode),
+        "entropix": part(500.0, 0.4, decode),
+        "ratios": {
+            "prefill": 50.0,
+            "first_token": 10.0,
+            "decode": decode / 10,
+            "decode_greedy": decode / 5,
+            "memory": 5.0,
+        },
+        "machine": {"contended": contended},
+    }
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(run))
+
+
+def test_the_speed_tables_read_a_quiet_and_a_busy_bench_run_and_refuse_one_alone(tmp_path):
+    folder = tmp_path / "bench"
+    bench_run(folder, "b-busy", True, 12.0)
+    table = tables.Table([tables.Source(str(folder))], [], kind="speed-readme")
+    with pytest.raises(SystemExit, match="one quiet and one busy"):
+        tables.merged(table)
+    bench_run(folder, "a-quiet", False, 36.0)
+    rows = tables.markdown(table, tables.merged(table)).splitlines()
+    assert rows[2:] == [
+        f"| quiet | 72.00 tok/s, 7.20× | 36.00 tok/s, 3.60× | 500.0 tok/s, 50.0× | 0.40 s, 10.00× sooner | 0.500 GB, 5.00× | {folder} |",
+        f"| busy | 24.00 tok/s, 2.40× | 12.00 tok/s, 1.20× | 500.0 tok/s, 50.0× | 0.40 s, 10.00× sooner | 0.500 GB, 5.00× | {folder} |",
+    ]
+    full = tables.Table([tables.Source(str(folder))], [], kind="speed")
+    quiet = tables.markdown(full, tables.merged(full)).splitlines()[2]
+    assert quiet.startswith(
+        "| quiet | 10.00 tok/s | 72.00 tok/s, **7.20×** | 36.00 tok/s, **3.60×** | 500.0 tok/s (mlx-lm 10.0)"
+    )
