@@ -334,6 +334,7 @@ CODE_RUNS = [
     ("card", "entropix (card)"),
     ("norep", "entropix (card, repetition_bits = 0)"),
     ("ngram8", "entropix (card, repetition_ngram = 8)"),
+    ("loops", 'entropix (card, repetition_scope = "loops")'),
 ]
 PAIRED = ["W/L/T vs greedy", "diff [95% CI]"]
 # Tables whose runs' records were lost: kept as printed, every row marked.
