@@ -6,7 +6,7 @@ branches inside the chain), each stopped early by its running confidence if the 
 so, and takes a CISC vote. A candidate's tokens are exactly the pool's: a branch continued
 greedily from a prefix is the same whether it started during the greedy chain or after it.
 
-    python scripts/gated_replay.py POOL_DIR [--json OUT.json] [--items A-B]
+    python scripts/gated_replay.py POOL_DIR [--json OUT.json] [--freeze SETTING.toml]
 
 POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read).
 """
@@ -23,10 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
+from entropix_mlx.sampling.deliberate_config import REASONING_TABLE, DeliberateConfig  # noqa: E402
 from entropix_mlx.sampling.gate import SIGNALS, WINDOW  # noqa: E402
+from entropix_mlx.sampling.settings import read_toml  # noqa: E402
 
 VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
@@ -274,6 +277,21 @@ def results(folder: Path) -> dict:
     }
 
 
+def frozen(folder: Path, res: dict) -> str:
+    """The shipped reasoning setting (entropix_mlx/data/deliberate_reasoning.toml): every
+    field of the pool's [deliberate] table (its pool.toml) with the chosen rule's gate."""
+    chosen = res["chosen"]
+    config = DeliberateConfig(**read_toml(folder / "pool.toml")["deliberate"], **chosen["deliberate"])
+    head = [
+        "# Frozen before the sealed scoring: the dev pool's [deliberate] table",
+        "# (docs/records/dev_q05_wide/pool.toml) with the gate of the rule that the selection rule of",
+        f"# docs/gated-deliberate.md chose on its {res['items']} items: {chosen['rule']}.",
+        "# Written by scripts/gated_replay.py --freeze from the committed records; a test holds it to them.",
+        f"[{REASONING_TABLE}]",
+    ]
+    return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
+
+
 def row_cells(r: dict, label: str) -> list[str]:
     lo, hi = r["interval"]
     accuracy = f"{100 * r['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
@@ -326,6 +344,7 @@ def main() -> int:
     parser.add_argument("pool", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--freeze", type=Path, help="write the chosen rule's shipped reasoning setting here")
     args = parser.parse_args()
     pool = read_pool(args.pool)
     rows = table(pool, grid())
@@ -343,6 +362,10 @@ def main() -> int:
         )
     if chosen:
         print(f"  chosen, live: the pool's [deliberate] table with {chosen['deliberate']}")
+    if args.freeze and chosen:
+        res = {"items": len(pool), "chosen": chosen}
+        args.freeze.write_text(frozen(args.pool, res))
+        print(f"  frozen: {args.freeze}")
     base = next(r for r in rows if r["rule"].startswith("staged"))
     print(f"  baseline {100 * base['accuracy']:5.1f}%  {base['x_greedy']:4.2f}x  W/L {base['wins']}/{base['losses']}")
     return 0

@@ -57,3 +57,14 @@ def test_the_summary_marks_the_choice_and_keeps_the_baseline_and_the_full_table_
     every = replay.markdown(res, every=True, where="docs/records/x").splitlines()
     assert len(every) == 2 + 1 + len(ROWS)
     assert "| 1.20 | 3/1 | 0.625 | +2.0 [-1.0, +5.0] | 50% |" in every[-1]
+
+
+def test_the_shipped_reasoning_setting_is_the_rule_chosen_on_the_committed_pool():
+    from entropix_mlx.sampling.deliberate_config import DeliberateConfig, shipped_reasoning
+
+    pool = ROOT / "docs" / "records" / "dev_q05_wide"
+    shipped = ROOT / "entropix_mlx" / "data" / "deliberate_reasoning.toml"
+    assert shipped.read_text() == replay.frozen(pool, replay.results(pool))
+    setting = DeliberateConfig(**shipped_reasoning())
+    # it reads the measurements, and it names every field
+    assert setting.gate_signal and set(shipped_reasoning()) == set(setting.to_dict())

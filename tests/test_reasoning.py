@@ -66,7 +66,9 @@ def test_only_entropix_and_deliberate_have_a_reasoning_setting(cards):
 
 
 def test_deliberate_reasons_with_the_cards_table_else_the_default_and_a_config_file_wins(cards, tmp_path):
-    from entropix_mlx.sampling.deliberate_config import REASONING as DELIBERATE_REASONING
+    from entropix_mlx.sampling.deliberate_config import shipped_reasoning
+
+    DELIBERATE_REASONING = shipped_reasoning()
 
     plain = build("deliberate", card="plain").config
     reasoned = build("deliberate", card="plain", reasoning=True)
@@ -170,7 +172,9 @@ def test_run_eval_and_the_server_reason_with_one_deliberate_setting(tiny_ref, tm
     finally:
         engine.close()
     from entropix_mlx.sampling.answers import chain_of_thought_answer
-    from entropix_mlx.sampling.deliberate_config import REASONING as DELIBERATE_REASONING
+    from entropix_mlx.sampling.deliberate_config import shipped_reasoning
+
+    DELIBERATE_REASONING = shipped_reasoning()
 
     served = job.sampler.config.to_dict()
     assert notes == [] and all(served[k] == v for k, v in DELIBERATE_REASONING.items())

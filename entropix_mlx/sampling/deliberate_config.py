@@ -7,8 +7,11 @@ metrics.py. The card's values are the ones tuned on the built-in dev split
 (README, "Deliberate").
 """
 
+import functools
 import math
+import tomllib
 from dataclasses import dataclass
+from importlib import resources
 
 from .gate import SIGNALS
 from .selection import SELECTORS as SELECTOR_SCORES
@@ -152,11 +155,17 @@ FIRST_TOKEN_VOTE = dict(
     max_branch_points=0, selector="confidence_vote", margin=0.0, clean_first="length", stop_share=0.0
 )
 STAGED = dict(first_alternatives=4, first_stage=1, **FIRST_TOKEN_VOTE)
-# What a chain of thought runs with `reasoning` when the card has no [deliberate_reasoning]
-# table: the staged rule, the best measured so far, until the rule chosen on the dev pool
-# (docs/gated-deliberate.md) replaces it.
-REASONING = STAGED
 REASONING_TABLE = "deliberate_reasoning"
+# In entropix_mlx/data: the setting chosen on the dev pool and frozen before the sealed scoring
+# (docs/gated-deliberate.md), written by scripts/gated_replay.py --freeze. It names every field,
+# so no card's [deliberate] changes what was scored.
+REASONING_FILE = "deliberate_reasoning.toml"
+
+
+@functools.cache
+def shipped_reasoning() -> dict:
+    """What a chain of thought runs with `reasoning` when the card has no [deliberate_reasoning]."""
+    return tomllib.loads((resources.files("entropix_mlx.data") / REASONING_FILE).read_text())[REASONING_TABLE]
 
 
 # CoT-decoding (Wang & Zhou 2024) as a preset: the top 10 first tokens (the
@@ -172,13 +181,13 @@ def resolve_deliberate(card=None, config=None, reasoning: bool = False, **overri
     file, or a model name: its shipped card), if any, under `config` (a .toml path
     or a DeliberateConfig), then the overrides (None = unset). `reasoning` (without
     a `config`, which is then the setting): the card's [deliberate_reasoning] table
-    over its [deliberate], else REASONING."""
+    over its [deliberate], else shipped_reasoning()."""
     table = card_table(DeliberateConfig, card)
     settings = table or (DeliberateConfig(), "defaults")
     if reasoning and config is None:
         path, data = card_data(card)
         fields, where = data.get(REASONING_TABLE), f"[{REASONING_TABLE}] of {path.name if path else ''}"
         if fields is None:
-            fields, where = REASONING, "the default reasoning setting"
+            fields, where = shipped_reasoning(), "the default reasoning setting"
         settings = (settings[0].replace(**fields), f"{settings[1]} + {where}")
     return layered(settings, config, overrides)
