@@ -220,7 +220,7 @@ def run_settings(loaded, tasks, names, options: Options, condition: str, tasks_n
 
 def same_settings(samplers: dict) -> list[list[str]]:
     """The samplers that would answer alike here: one decoder with the same settings under
-    two names (deliberate's reasoning setting is the staged rule when the card sets none)."""
+    two names (a card's reasoning setting can be a preset's rule)."""
     groups: dict[str, list[str]] = {}
     for name, settings in samplers.items():
         if settings:

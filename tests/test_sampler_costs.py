@@ -76,8 +76,10 @@ def test_a_run_resumes_with_what_it_lacks_and_refuses_other_settings(loaded, tas
     settings.write_text(json.dumps(now))
     more = sampler_costs.run_settings(loaded, tasks, SAMPLERS, OPTIONS, "quiet", "tasks.jsonl", "test")
     assert set(sampler_costs.resumed_settings(settings, more)["samplers"]) == set(SAMPLERS)
-    # without a card, deliberate's reasoning setting is the staged rule: said, not hidden
-    assert sampler_costs.same_settings(more["samplers"]) == [["deliberate", "deliberate_staged"]]
+    # without a card, deliberate reasons with the frozen gated rule, not the staged one
+    assert sampler_costs.same_settings(more["samplers"]) == []
+    twins = {**more["samplers"], "deliberate": more["samplers"]["deliberate_staged"]}
+    assert sampler_costs.same_settings(twins) == [["deliberate", "deliberate_staged"]]  # said, not hidden
     other = sampler_costs.run_settings(loaded, tasks, ["greedy"], OPTIONS, "busy", "tasks.jsonl", "test")
     with pytest.raises(SystemExit, match="other condition"):
         sampler_costs.resumed_settings(settings, other)
