@@ -74,9 +74,11 @@ class Table:
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
+    # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
+    pairs: list[tuple[str, str]] = field(default_factory=list)
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
-    # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy
+    # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
     kind: str = "samplers"
 
 
@@ -102,6 +104,15 @@ def from_records(folder: Path, tasks: str) -> dict:
         task_list = [Task(index=i, question="", answers=[expected[i]]) for i in indices]
     eval_config = EvalConfig(**common, split=config.get("split", "all"), cot=config.get("cot", False))
     return summarize(records, task_list, eval_config, config["samplers"])
+
+
+def same_as_eval(where: str, results: dict, logged: dict) -> None:
+    """Refuse records that score today other than eval scored them (its results.json):
+    a changed extractor must not change a sealed scoring's table in silence."""
+    for name, s in logged["samplers"].items():
+        mine = results["samplers"].get(name)
+        if mine is None or mine["accuracy"] != s["accuracy"] or mine.get("vs_greedy") != s.get("vs_greedy"):
+            raise SystemExit(f"{where}: row {name} scores today other than in the results.json eval wrote")
 
 
 def fresh_tasks() -> list[Task]:
@@ -219,6 +230,8 @@ def merged(table: Table) -> dict:
             raise SystemExit(f"{source.path}: no records folder or summary there; pack the run first")
         has_records = path.is_dir()
         results = from_records(path, source.tasks) if has_records else json.loads(path.read_text())
+        if has_records and (path / "results.json").is_file():
+            same_as_eval(source.path, results, json.loads((path / "results.json").read_text()))
         where = source.path if has_records else NO_RECORDS
         rows = {source.names.get(k, k): {**v, "records": where} for k, v in results["samplers"].items()}
         if out is None:
@@ -280,6 +293,8 @@ def markdown(table: Table, results: dict) -> str:
         return costs_markdown(results)
     if table.kind == "code":
         return code_markdown(results)
+    if table.kind == "pairs":
+        return pairs_markdown(table, results)
     if table.kind.startswith("speed"):
         return speed_markdown(table.kind, results)
     if table.kind.startswith("replay"):
@@ -294,6 +309,38 @@ def markdown(table: Table, results: dict) -> str:
     for name, s in results["samplers"].items():
         cells = [cell(c, s, greedy) for c in table.columns]
         lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def pairs_markdown(table: Table, results: dict) -> str:
+    """Each pair of rows over the same items: W/L/T, the difference's interval and the exact p."""
+    rows = results["samplers"]
+    lines = [
+        "| deliberate | its tokens | against | their tokens (× its) | W/L/T | diff [95% CI] | p | records |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for a, b in table.pairs:
+        if b.endswith(" ~"):  # the vote row eval matched to a's tokens
+            b = next(n for n, s in rows.items() if n.startswith(b[:-1]) and a in s.get("matches", []))
+        c = results["pairs"].get(f"{a} vs {b}")
+        if c is None:  # kept once, as "b vs a": turned round
+            c = results["pairs"][f"{b} vs {a}"]
+            lo, hi = c["difference_ci95"]
+            c = {**c, "wins": c["losses"], "losses": c["wins"], "difference": -c["difference"]}
+            c["difference_ci95"] = [-hi, -lo]
+        ta, tb = generated_tokens(rows[a]), generated_tokens(rows[b])
+        lo, hi = c["difference_ci95"]
+        cells = [
+            a,
+            f"{ta:,.1f}",
+            b,
+            f"{tb:,.1f} ({tb / ta:.2f}×)",
+            f"{c['wins']}/{c['losses']}/{c['ties']}",
+            f"{100 * c['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]",
+            format_p(c["p_value"]),
+            rows[a]["records"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -359,6 +406,15 @@ NO_RECORDS_TABLES = {
 COSTS = [Source("docs/records/sampler_costs")]
 WIDE_POOL = Source("docs/records/dev_q05_wide")
 BENCH = Source("docs/records/bench")
+SEALED_Q05 = Source("docs/records/sealed_q05")
+SEALED_PAIRS = [
+    ("deliberate", "deliberate_staged"),
+    ("deliberate", "self_consistency k=8"),
+    ("deliberate", "cisc k=8"),
+    ("deliberate", "self_consistency ~"),
+    ("deliberate", "cisc ~"),
+    ("deliberate_staged", "cisc ~"),
+]
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
@@ -421,6 +477,11 @@ TABLES = {
     "speed-readme": Table([BENCH], [], kind="speed-readme"),
     "speed-schema": Table([Source("docs/records/bench_schema")], [], kind="speed-schema"),
     "gated-rules-all": Table([WIDE_POOL], [], kind="replay-all"),
+    "sealed-q05": Table(
+        [SEALED_Q05],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
+    ),
+    "sealed-q05-pairs": Table([SEALED_Q05], [], kind="pairs", pairs=SEALED_PAIRS),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
         Q05,

@@ -2,7 +2,7 @@
 
 The figures in docs/evaluation.md come from runs that take longer than one working
 session, on machines that do not keep files between sessions. `pack` writes a folder's
-records to docs/records/NAME/ (config.json, scoring_log.jsonl and the records as gzipped
+records to docs/records/NAME/ (config.json, scoring_log.jsonl, results.json and the records as gzipped
 parts) without the question texts, which are the data set's and not ours to ship; `unpack`
 puts them back from the task file, so that `eval --out` resumes the run or re-scores it.
 Each `pack` adds parts holding only the records the earlier parts lack, so the
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropix_mlx.eval.tasks import load_tasks  # noqa: E402
 
-KEPT_FILES = ("config.json", "scoring_log.jsonl")
+KEPT_FILES = ("config.json", "scoring_log.jsonl", "results.json")  # results.json: the summary eval wrote
 PART_BYTES = 1_500_000
 
 

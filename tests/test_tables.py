@@ -195,3 +195,36 @@ def test_the_speed_tables_read_a_quiet_and_a_busy_bench_run_and_refuse_one_alone
     assert quiet.startswith(
         "| quiet | 10.00 tok/s | 72.00 tok/s, **7.20×** | 36.00 tok/s, **3.60×** | 500.0 tok/s (mlx-lm 10.0)"
     )
+
+
+def test_the_pairs_table_turns_a_pair_round_and_finds_the_vote_row_matched_in_tokens(tmp_path):
+    samplers = {
+        "greedy": row(0.5, 100.0),
+        "deliberate": row(0.6, 300.0, 3, 1, 0.625),
+        "cisc k=2": row(0.5, 200.0, 1, 1, 1.0) | {"matches": []},
+        "cisc k=4": row(0.7, 400.0, 2, 0, 0.5) | {"matches": ["deliberate"]},
+    }
+    pair = {"wins": 1, "losses": 3, "ties": 6, "p_value": 0.625, "difference": -0.2, "difference_ci95": [-0.5, 0.1]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results(samplers) | {"pairs": {"cisc k=4 vs deliberate": pair}}))
+    table = tables.Table([tables.Source(str(path))], [], kind="pairs", pairs=[("deliberate", "cisc ~")])
+    lines = tables.markdown(table, tables.merged(table)).splitlines()
+    assert (
+        lines[2]
+        == "| deliberate | 300.0 | cisc k=4 | 400.0 (1.33×) | 3/1/6 | +20.0 [-10.0, +50.0] | 0.625 | *no records* |"
+    )
+
+
+def test_records_that_score_today_other_than_eval_scored_them_are_refused(tmp_path):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(ROOT / "docs/records/builtin_test", folder)
+    table = tables.Table([tables.Source(str(folder), tasks="builtin")], COLUMNS)
+    logged = tables.from_records(folder, "builtin")
+    (folder / "results.json").write_text(json.dumps(logged))
+    assert tables.merged(table)["samplers"]["entropix"]["accuracy"] == logged["samplers"]["entropix"]["accuracy"]
+    logged["samplers"]["entropix"]["accuracy"] += 0.01  # eval's own scoring, as another extractor gave it
+    (folder / "results.json").write_text(json.dumps(logged))
+    with pytest.raises(SystemExit, match="row entropix scores today other than in the results.json"):
+        tables.merged(table)
