@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from acceptance import markdown as acceptance_markdown  # noqa: E402
 from code_check import summarize as summarize_code  # noqa: E402
 from cost_records import markdown as costs_markdown  # noqa: E402
 from cost_records import summarize as summarize_costs  # noqa: E402
@@ -53,7 +54,7 @@ NO_RECORDS = "*no records*"
 MARK = re.compile(r"^<!-- table: (\S+) -->$")
 # The header of a table of accuracy figures (the speed and layout tables are not read here).
 RESULTS_HEADER = re.compile(
-    r"^\| ((sampler|rule|against|category|candidates|deliberate) \||selector \| (δ|2 first))|^\|.*(accuracy|W/L)"
+    r"^\| ((sampler|rule|against|category|candidates|deliberate|target) \||selector \| (δ|2 first))|^\|.*(accuracy|W/L)"
 )
 
 
@@ -76,6 +77,7 @@ class Table:
     rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
     # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": scripts/acceptance.py's targets
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
@@ -295,6 +297,8 @@ def markdown(table: Table, results: dict) -> str:
         return code_markdown(results)
     if table.kind == "pairs":
         return pairs_markdown(table, results)
+    if table.kind == "acceptance":
+        return acceptance_markdown(results, *table.targets, where=table.sources[0].path)
     if table.kind.startswith("speed"):
         return speed_markdown(table.kind, results)
     if table.kind.startswith("replay"):
@@ -482,6 +486,7 @@ TABLES = {
         ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
     ),
     "sealed-q05-pairs": Table([SEALED_Q05], [], kind="pairs", pairs=SEALED_PAIRS),
+    "sealed-q05-acceptance": Table([SEALED_Q05], [], kind="acceptance", targets=(0.04, "sc-staged")),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
         Q05,

@@ -228,3 +228,39 @@ def test_records_that_score_today_other_than_eval_scored_them_are_refused(tmp_pa
     (folder / "results.json").write_text(json.dumps(logged))
     with pytest.raises(SystemExit, match="row entropix scores today other than in the results.json"):
         tables.merged(table)
+
+
+def acceptance_summary(path, deliberate, staged, sc8, vs_greedy, cisc=()):
+    """A sealed run's summary: (accuracy, tokens) for deliberate, staged and SC k=8, CISC rows by k."""
+    samplers = {
+        "greedy": row(0.3, 100.0) | {"cut_off": 0.02},
+        "deliberate": row(*deliberate) | {"vs_greedy": vs_greedy},
+        "deliberate_staged": row(*staged),
+        "self_consistency k=8": row(*sc8),
+        **{f"cisc k={k}": row(a, t) for k, (a, t) in cisc},
+    }
+    pair = {"wins": 9, "losses": 4, "ties": 287, "p_value": 0.27, "difference": 0.017, "difference_ci95": [0, 0.03]}
+    path.write_text(json.dumps(results(samplers) | {"pairs": {"deliberate vs deliberate_staged": pair}}))
+    return str(path)
+
+
+def test_the_acceptance_table_gives_each_target_its_figure_and_verdict(tmp_path):
+    vs = {"wins": 30, "losses": 10, "ties": 260, "p_value": 0.002, "difference": 0.0667}
+    path = acceptance_summary(tmp_path / "a.json", (0.367, 200.0), (0.35, 300.0), (0.36, 800.0), vs)
+    table = tables.Table([tables.Source(path)], [], kind="acceptance", targets=(0.04, "sc-staged"))
+    verdicts = [line.split(" | ")[2] for line in tables.markdown(table, tables.merged(table)).splitlines()[2:]]
+    assert verdicts == ["**holds**"] * 4
+    vs = {"wins": 20, "losses": 10, "ties": 270, "p_value": 0.098, "difference": 0.0333}
+    path = acceptance_summary(tmp_path / "b.json", (0.333, 280.0), (0.35, 270.0), (0.36, 800.0), vs)
+    table = tables.Table([tables.Source(path)], [], kind="acceptance", targets=(0.04, "sc-staged"))
+    lines = tables.markdown(table, tables.merged(table)).splitlines()[2:]
+    assert [line.split(" | ")[2] for line in lines] == ["**holds**"] + ["**missed**"] * 3
+    assert "+3.3 points (33.3% against 30.0%), W/L 20/10, p 0.098" in lines[1]
+    # 1.5B: CISC at equal tokens is the cheapest CISC row with at least 90% of deliberate's tokens
+    cisc = [(1, (0.5, 100.0)), (2, (0.39, 190.0)), (3, (0.45, 290.0))]
+    vs = {"wins": 30, "losses": 10, "ties": 260, "p_value": 0.002, "difference": 0.1}
+    path = acceptance_summary(tmp_path / "c.json", (0.4, 200.0), (0.35, 300.0), (0.36, 800.0), vs, cisc)
+    table = tables.Table([tables.Source(path)], [], kind="acceptance", targets=(0.05, "cisc"))
+    lines = tables.markdown(table, tables.merged(table)).splitlines()[2:]
+    assert [line.split(" | ")[2] for line in lines] == ["**holds**"] * 3
+    assert "against cisc k=2 39.0%, which spends 0.95× deliberate's tokens" in lines[2]
