@@ -419,6 +419,14 @@ SEALED_PAIRS = [
     ("deliberate", "cisc ~"),
     ("deliberate_staged", "cisc ~"),
 ]
+DEV_Q15 = Source("docs/records/dev_q15")
+SEALED_Q15 = Source("docs/records/sealed_q15")
+SEALED_Q15_PAIRS = [
+    ("deliberate", "self_consistency k=4"),
+    ("deliberate", "cisc k=4"),
+    ("deliberate", "self_consistency ~"),
+    ("deliberate", "cisc ~"),
+]
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
@@ -487,6 +495,16 @@ TABLES = {
     ),
     "sealed-q05-pairs": Table([SEALED_Q05], [], kind="pairs", pairs=SEALED_PAIRS),
     "sealed-q05-acceptance": Table([SEALED_Q05], [], kind="acceptance", targets=(0.04, "sc-staged")),
+    "dev-q15": Table(
+        [DEV_Q15],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+    ),
+    "sealed-q15": Table(
+        [SEALED_Q15],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
+    ),
+    "sealed-q15-pairs": Table([SEALED_Q15], [], kind="pairs", pairs=SEALED_Q15_PAIRS),
+    "sealed-q15-acceptance": Table([SEALED_Q15], [], kind="acceptance", targets=(0.05, "cisc")),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
         Q05,
