@@ -411,22 +411,16 @@ COSTS = [Source("docs/records/sampler_costs")]
 WIDE_POOL = Source("docs/records/dev_q05_wide")
 BENCH = Source("docs/records/bench")
 SEALED_Q05 = Source("docs/records/sealed_q05")
-SEALED_PAIRS = [
-    ("deliberate", "deliberate_staged"),
-    ("deliberate", "self_consistency k=8"),
-    ("deliberate", "cisc k=8"),
-    ("deliberate", "self_consistency ~"),
-    ("deliberate", "cisc ~"),
-    ("deliberate_staged", "cisc ~"),
-]
+GSM8K_COLUMNS = ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"]
 DEV_Q15 = Source("docs/records/dev_q15")
 SEALED_Q15 = Source("docs/records/sealed_q15")
-SEALED_Q15_PAIRS = [
-    ("deliberate", "self_consistency k=4"),
-    ("deliberate", "cisc k=4"),
-    ("deliberate", "self_consistency ~"),
-    ("deliberate", "cisc ~"),
-]
+
+
+def vote_pairs(k: int) -> list[tuple[str, str]]:
+    """deliberate against the vote rows of k samples and against the vote rows matched to its tokens."""
+    return [("deliberate", f"{vote} {size}") for size in (f"k={k}", "~") for vote in ("self_consistency", "cisc")]
+
+
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "test-split-readme": Table(
@@ -489,21 +483,20 @@ TABLES = {
     "speed-readme": Table([BENCH], [], kind="speed-readme"),
     "speed-schema": Table([Source("docs/records/bench_schema")], [], kind="speed-schema"),
     "gated-rules-all": Table([WIDE_POOL], [], kind="replay-all"),
-    "sealed-q05": Table(
+    "sealed-q05": Table([SEALED_Q05], GSM8K_COLUMNS),
+    "sealed-q05-pairs": Table(
         [SEALED_Q05],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
+        [],
+        kind="pairs",
+        pairs=[("deliberate", "deliberate_staged"), *vote_pairs(8), ("deliberate_staged", "cisc ~")],
     ),
-    "sealed-q05-pairs": Table([SEALED_Q05], [], kind="pairs", pairs=SEALED_PAIRS),
     "sealed-q05-acceptance": Table([SEALED_Q05], [], kind="acceptance", targets=(0.04, "sc-staged")),
     "dev-q15": Table(
         [DEV_Q15],
         ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
     ),
-    "sealed-q15": Table(
-        [SEALED_Q15],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
-    ),
-    "sealed-q15-pairs": Table([SEALED_Q15], [], kind="pairs", pairs=SEALED_Q15_PAIRS),
+    "sealed-q15": Table([SEALED_Q15], GSM8K_COLUMNS),
+    "sealed-q15-pairs": Table([SEALED_Q15], [], kind="pairs", pairs=vote_pairs(4)),
     "sealed-q15-acceptance": Table([SEALED_Q15], [], kind="acceptance", targets=(0.05, "cisc")),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(
@@ -513,7 +506,7 @@ TABLES = {
     ),
     "q15": Table(
         Q15,
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"],
+        GSM8K_COLUMNS,
         chart="docs/gsm8k_equal_cost_q15.png",
     ),
 }
