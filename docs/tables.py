@@ -491,6 +491,11 @@ TABLES = {
         pairs=[("deliberate", "deliberate_staged"), *vote_pairs(8), ("deliberate_staged", "cisc ~")],
     ),
     "sealed-q05-acceptance": Table([SEALED_Q05], [], kind="acceptance", targets=(0.04, "sc-staged")),
+    "sealed-q05-readme": Table(
+        [SEALED_Q05],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "records"],
+        rows=["greedy", "deliberate", "deliberate_staged", "self_consistency k=8", "cisc k=8"],
+    ),
     "dev-q15": Table(
         [DEV_Q15],
         ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
