@@ -2,13 +2,16 @@
 time; a second configuration under the same sampler name refused unless asked."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer, shelve
 from test_cli_run import invoke, one_error_line
 
 from entropix_mlx.eval import sealed
+from entropix_mlx.sampling.deliberate_config import shipped_reasoning
 
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "records"
 TASKS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
 
 
@@ -97,3 +100,25 @@ def test_a_script_scoring_stored_answers_again_is_logged_and_refused_a_sealed_fi
     with pytest.raises(sealed.ConfigError, match="is sealed: score it with entropix-mlx eval"):
         sealed.log_offline_scoring(test_run, task_file(tmp_path / "s.jsonl"), ["greedy"], "0-2", "docs/pairs.py")
     assert len(entries(test_run / "scoring_log.jsonl")) == 1
+
+
+def scored_sealed_runs() -> list[Path]:
+    return [f for f in sorted(RECORDS.glob("sealed_*")) if (f / "results.json").exists()]
+
+
+def test_each_committed_sealed_scoring_has_one_scoring_per_row_under_its_committed_configuration():
+    runs = scored_sealed_runs()
+    assert runs, "no sealed scoring is committed"
+    for run in runs:
+        config = json.loads((run / "config.json").read_text())
+        log = entries(run / "scoring_log.jsonl")
+        rows = [row for entry in log for row in entry["rows"]]
+        assert sorted(row["sampler"] for row in rows) == sorted(config["samplers"]), run.name
+        assert not any(entry["rescore"] for entry in log), run.name
+        assert all(row["config"] == sealed.config_hash(config, row["sampler"]) for row in rows), run.name
+
+
+def test_the_sealed_deliberate_row_ran_what_reasoning_ships():
+    # what `--reasoning --sampler deliberate` and the server's reasoning run, without a card's own table
+    for run in scored_sealed_runs():
+        assert json.loads((run / "config.json").read_text())["samplers"]["deliberate"] == shipped_reasoning(), run.name
