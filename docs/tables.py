@@ -80,6 +80,7 @@ class Table:
     targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": scripts/acceptance.py's targets
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
+    # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
     kind: str = "samplers"
 
@@ -302,7 +303,10 @@ def markdown(table: Table, results: dict) -> str:
     if table.kind.startswith("speed"):
         return speed_markdown(table.kind, results)
     if table.kind.startswith("replay"):
-        return replay_markdown(results, every=table.kind == "replay-all", where=table.sources[0].path)
+        if table.kind == "replay-after-sealed":
+            baseline = [r for r in results["rows"] if r["rule"].startswith("staged")]
+            results = {**results, "rows": baseline + results["after_sealed"], "chosen": None}
+        return replay_markdown(results, every=table.kind != "replay", where=table.sources[0].path)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
@@ -483,6 +487,7 @@ TABLES = {
     "speed-readme": Table([BENCH], [], kind="speed-readme"),
     "speed-schema": Table([Source("docs/records/bench_schema")], [], kind="speed-schema"),
     "gated-rules-all": Table([WIDE_POOL], [], kind="replay-all"),
+    "gated-rules-after-sealed": Table([WIDE_POOL], [], kind="replay-after-sealed"),
     "sealed-q05": Table([SEALED_Q05], GSM8K_COLUMNS),
     "sealed-q05-pairs": Table(
         [SEALED_Q05],

@@ -137,6 +137,9 @@ class Rule:
     staged: bool  # the second half only when the first half disagrees with greedy
     online_stop: bool  # DeepConf online: stop a candidate whose running confidence falls below greedy's lowest group
     disagreement_only: bool = False  # the `staged` baseline's own rule
+    # the `staged` baseline's first pair, always, and its second stage when the pair disagrees
+    # "and" (both) / "or" (either) the gate finds the chain unsure: tried after the sealed scoring
+    second_stage: str = ""
 
 
 def pick(cands: list[Cand], firsts: int, insides: int) -> list[Cand]:
@@ -153,11 +156,15 @@ def settled(group: list[Cand]) -> bool:
 def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
     g = cands[0]
     spent, rerun = g.own, 0
-    if rule.disagreement_only:
+    if rule.disagreement_only or rule.second_stage:
         first = [g, *pick(cands, 1, 0)]
         spent += sum(c.own for c in first[1:])
         chosen = first
-        if not settled(first):
+        split = not settled(first)
+        if rule.second_stage:
+            unsure = not gates.sure(g.ended, signals(g)[rule.signal], gate)
+            split = split and unsure if rule.second_stage == "both" else split or unsure
+        if split:
             more = pick(cands, 4, 0)[1:]
             spent += sum(c.own for c in more)
             rerun += len(more)
@@ -195,11 +202,25 @@ def grid() -> list[Rule]:
     return rules
 
 
+def after_sealed() -> list[Rule]:
+    """Rules replayed after the sealed scoring, to see what might close its gap to `staged`:
+    outside grid(), so they can change neither the choice nor the frozen setting."""
+    return [
+        Rule(
+            f"staged pair; +3first if split {'and' if how == 'both' else 'or'} not {signal}>=q{q:g}",
+            *(signal, q, 4, 0, True, False),
+            second_stage=how,
+        )
+        for how in ("both", "either")
+        for signal, q in itertools.product(SIGNALS, QUANTILES)
+    ]
+
+
 def live_fields(rule: Rule, gate: float | None) -> dict | None:
     """The [deliberate] fields that run `rule` live over the pool's own table
     (docs/records/dev_q05_wide/pool.toml); None for the staged baseline (the
     `deliberate_staged` preset)."""
-    if rule.disagreement_only:
+    if rule.disagreement_only or rule.second_stage:
         return None
     return {
         # "never stop": a mean log-probability is never at or above 1
@@ -274,6 +295,7 @@ def results(folder: Path) -> dict:
         "greedy_tokens": sum(g.own for g in greedy) / len(pool),
         "rows": rows,
         "chosen": choose(rows),
+        "after_sealed": table(pool, after_sealed()),
     }
 
 

@@ -68,3 +68,35 @@ def test_the_shipped_reasoning_setting_is_the_rule_chosen_on_the_committed_pool(
     setting = DeliberateConfig(**shipped_reasoning())
     # it reads the measurements, and it names every field
     assert setting.gate_signal and set(shipped_reasoning()) == set(setting.to_dict())
+
+
+def cand(kind, order, answer, right, own=10):
+    return replay.Cand(kind, order, 0, answer, right, True, own, [-0.1] * own, {}, 0.9)
+
+
+def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_or_or():
+    # the pair disagrees; the later first tokens agree with the alternative, which is right
+    cands = [
+        cand("greedy", 0, 1, False),
+        cand("first", 0, 2, True),
+        cand("first", 1, 2, True),
+        cand("first", 2, 2, True),
+    ]
+    cands[0].signals = {"head_agreement": 0.5}
+    rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == "head_agreement" and r.quantile == 0.5}
+    sure, unsure = 0.4, 0.6  # the gate the chain's head agreement is at or above / below
+    spent = {
+        (how, gate): replay.replay(rules[how], cands, gate)["tokens"]
+        for how in ("both", "either")
+        for gate in (sure, unsure)
+    }
+    assert spent == {("both", sure): 20, ("both", unsure): 40, ("either", sure): 40, ("either", unsure): 40}
+    cands[1].answer = 1  # the pair agrees: only an unsure chain gets the second stage, and only with "or"
+    spent = {
+        (how, gate): replay.replay(rules[how], cands, gate)["tokens"]
+        for how in ("both", "either")
+        for gate in (sure, unsure)
+    }
+    assert spent == {("both", sure): 20, ("both", unsure): 20, ("either", sure): 20, ("either", unsure): 40}
+    assert all(replay.live_fields(r, 0.5) is None for r in rules.values())  # never run live
+    assert not {r.name for r in replay.after_sealed()} & {r.name for r in replay.grid()}  # outside the choice
