@@ -304,8 +304,7 @@ def markdown(table: Table, results: dict) -> str:
         return speed_markdown(table.kind, results)
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
-            baseline = [r for r in results["rows"] if r["rule"].startswith("staged")]
-            results = {**results, "rows": baseline + results["after_sealed"], "chosen": None}
+            results = {**results, "rows": results["after_sealed"], "chosen": None}
         return replay_markdown(results, every=table.kind != "replay", where=table.sources[0].path)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]

@@ -87,16 +87,16 @@ def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_
     sure, unsure = 0.4, 0.6  # the gate the chain's head agreement is at or above / below
     spent = {
         (how, gate): replay.replay(rules[how], cands, gate)["tokens"]
-        for how in ("both", "either")
+        for how in ("and", "or")
         for gate in (sure, unsure)
     }
-    assert spent == {("both", sure): 20, ("both", unsure): 40, ("either", sure): 40, ("either", unsure): 40}
+    assert spent == {("and", sure): 20, ("and", unsure): 40, ("or", sure): 40, ("or", unsure): 40}
     cands[1].answer = 1  # the pair agrees: only an unsure chain gets the second stage, and only with "or"
     spent = {
         (how, gate): replay.replay(rules[how], cands, gate)["tokens"]
-        for how in ("both", "either")
+        for how in ("and", "or")
         for gate in (sure, unsure)
     }
-    assert spent == {("both", sure): 20, ("both", unsure): 20, ("either", sure): 20, ("either", unsure): 40}
+    assert spent == {("and", sure): 20, ("and", unsure): 20, ("or", sure): 20, ("or", unsure): 40}
     assert all(replay.live_fields(r, 0.5) is None for r in rules.values())  # never run live
     assert not {r.name for r in replay.after_sealed()} & {r.name for r in replay.grid()}  # outside the choice
