@@ -340,8 +340,8 @@ def markdown(res: dict, every: bool, where: str, top: int = 10) -> str:
     if not every:
         eligible = [r for r in rows if r["reads_measurements"] and r["x_greedy"] <= 2.7]
         over = [r for r in rows if r["x_greedy"] > 2.7]
-        spend = [r for r in rows if not r["reads_measurements"] and not r["rule"].startswith("staged")]
-        base = [r for r in rows if r["rule"].startswith("staged")]
+        spend = [r for r in rows if not r["reads_measurements"] and r["rule"] != STAGED.name]
+        base = [r for r in rows if r["rule"] == STAGED.name]
         picked = [*base, *([chosen] if chosen else []), *eligible[:top], *over[:3], *spend[:3]]
         rows = [r for i, r in enumerate(picked) if r not in picked[:i]]
     head = [
@@ -389,7 +389,7 @@ def main() -> int:
         res = {"items": len(pool), "chosen": chosen}
         args.freeze.write_text(frozen(args.pool, res))
         print(f"  frozen: {args.freeze}")
-    base = next(r for r in rows if r["rule"].startswith("staged"))
+    base = next(r for r in rows if r["rule"] == STAGED.name)
     print(f"  baseline {100 * base['accuracy']:5.1f}%  {base['x_greedy']:4.2f}x  W/L {base['wins']}/{base['losses']}")
     return 0
 
