@@ -78,6 +78,38 @@ def test_each_scoring_is_logged_and_another_configuration_is_refused(tiny_ref, t
     assert configs[0]["greedy"] == configs[1]["greedy"] and configs[0]["entropix"] != configs[1]["entropix"]
 
 
+def test_a_frozen_name_may_be_scored_on_another_model_but_not_retuned_on_one(tiny_ref, tmp_path, cache, monkeypatch):
+    tasks = task_file(tmp_path / "held.jsonl")
+    other_model = shelve(
+        monkeypatch,
+        tmp_path / "bigger.gguf",
+        make_loaded(make_tiny_model(), make_tiny_tokenizer(), tmp_path / "bigger.gguf", name="bigger"),
+    )
+    (tmp_path / "bigger.gguf").write_bytes(b"")
+    warmer = tmp_path / "warmer.toml"
+    warmer.write_text("[sampler]\ntemperature = 0.5\n")
+    args = ["eval", tasks, "--samplers", "entropix", "--max-tokens", "3"]
+
+    code, _, err = invoke(*args, "-m", tiny_ref, "--out", tmp_path / "a")
+    assert code == 0, err
+    # Another model under the same name and another configuration: allowed, logged with its model.
+    code, _, err = invoke(*args, "-m", other_model, "--config", warmer, "--out", tmp_path / "b")
+    assert code == 0, err
+    assert [e["model"] for e in entries(next(cache.glob("*.jsonl")))] == ["tiny", "bigger"]
+    # Either model retuned under the name it was scored with: refused.
+    for model, config in ((tiny_ref, warmer), (other_model, None)):
+        extra = ["--config", config] if config else []
+        code, _, err = invoke(*args, "-m", model, *extra, "--out", tmp_path / "c")
+        assert code == 2 and "with this model" in one_error_line(err), err
+
+    # A log entry written before entries named their model counts as every model's.
+    log = next(cache.glob("*.jsonl"))
+    old = [{k: v for k, v in e.items() if k != "model"} for e in entries(log)[:1]]
+    log.write_text("".join(json.dumps(e) + "\n" for e in old))
+    code, _, err = invoke(*args, "-m", other_model, "--config", warmer, "--out", tmp_path / "d")
+    assert code == 2 and "sealed" in one_error_line(err), err
+
+
 def test_a_file_that_is_not_sealed_keeps_the_plain_scoring_log(tiny_ref, tmp_path, cache):
     tasks = task_file(tmp_path / "open.jsonl", sealed_marker=False)
     code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", "greedy", "--max-tokens", "2", "--out", tmp_path)

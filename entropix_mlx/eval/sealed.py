@@ -6,8 +6,10 @@ in SEALED_TASKS (files the project cannot mark, such as a shared data set). Each
 scoring of a sealed file is logged, with each row's configuration hash, the
 commit and the time, in the run's `scoring_log.jsonl` and in the machine's log
 for that file (`sealed/<file hash>.jsonl` in the user cache). A sampler name
-already scored there with another configuration is refused before anything runs,
-unless the caller asks to rescore, which the log then says.
+already scored there on the same model with another configuration is refused
+before anything runs, unless the caller asks to rescore, which the log then says.
+Another model may be scored under a frozen configuration's name: that is the
+configuration tested again, not tuned.
 """
 
 import hashlib
@@ -98,19 +100,21 @@ class SealedFile:
         return out
 
     def check(self, identity: dict, names, rescore: bool = False) -> None:
-        """Refuse rows whose sampler name was scored on this file with another configuration."""
+        """Refuse rows whose sampler name was scored on this file and model with another configuration."""
         if rescore:
             return
+        # An entry that names no model (written before entries did) counts as this model's.
+        same_model = [e for e in self.earlier() if e.get("model", identity["model"]) == identity["model"]]
         for name in names:
             mine = config_hash(identity, name)
             other = next(
-                (e for e in self.earlier() for r in e.get("rows", []) if r["sampler"] == name and r["config"] != mine),
+                (e for e in same_model for r in e.get("rows", []) if r["sampler"] == name and r["config"] != mine),
                 None,
             )
             if other is not None:
                 raise ConfigError(
-                    f"{self.path.name} is sealed and sampler '{name}' was scored on it at {other['time']} with "
-                    "another configuration; score a frozen configuration once, or pass rescore_sealed "
+                    f"{self.path.name} is sealed and sampler '{name}' was scored on it with this model at "
+                    f"{other['time']} with another configuration; score a frozen configuration once, or pass rescore_sealed "
                     "to score this one too (the log will say so)",
                     settings=("rescore_sealed",),
                 )
@@ -120,6 +124,7 @@ class SealedFile:
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "file": self.path.name,
             "file_sha256": self.hash,
+            "model": identity["model"],
             "items": items,
             "commit": commit(),
             "rows": [{"sampler": n, "config": config_hash(identity, n)} for n in names],
