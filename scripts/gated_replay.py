@@ -138,8 +138,13 @@ class Rule:
     online_stop: bool  # DeepConf online: stop a candidate whose running confidence falls below greedy's lowest group
     disagreement_only: bool = False  # the `staged` baseline's own rule
     # the `staged` baseline's first pair, always, and its second stage when the pair disagrees
-    # "and" / "or" the gate finds the chain unsure: tried after the sealed scoring
+    # "and" / "or" the gate finds the chain unsure, or (PAIR_READS) when it disagrees and the
+    # pair itself reads as contested: tried after the sealed scoring
     second_stage: str = ""
+
+
+# What a pair rule reads: the alternative chain's own signal ("alt"), or that less greedy's ("gap").
+PAIR_READS = ("alt", "gap")
 
 
 STAGED = Rule("staged (disagreement only)", None, 0.0, 4, 0, True, False, disagreement_only=True)
@@ -156,6 +161,12 @@ def settled(group: list[Cand]) -> bool:
     return gates.settled([(c.ended, c.answer) for c in group])
 
 
+def pair_value(rule: Rule, cands: list[Cand]) -> float:
+    g, alternative = cands[0], pick(cands, 1, 0)[0]
+    value = signals(alternative)[rule.signal]
+    return value - signals(g)[rule.signal] if rule.second_stage == "gap" else value
+
+
 def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
     g = cands[0]
     spent, rerun = g.own, 0
@@ -164,7 +175,9 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
         spent += sum(c.own for c in first[1:])
         chosen = first
         split = not settled(first)
-        if rule.second_stage:
+        if rule.second_stage in PAIR_READS:  # the alternative about as sure as greedy: contested
+            split = split and pair_value(rule, cands) >= gate
+        elif rule.second_stage:
             unsure = not gates.sure(g.ended, signals(g)[rule.signal], gate)
             split = (split and unsure) if rule.second_stage == "and" else (split or unsure)
         if split:
@@ -208,11 +221,26 @@ def grid() -> list[Rule]:
 def after_sealed() -> list[Rule]:
     """Rules replayed after the sealed scoring, to see what might close its gap to `staged`:
     outside grid(), so they can change neither the choice nor the frozen setting."""
-    return [
+    gated = [
         Rule(
             f"staged pair; +3first if split {how} not {signal}>=q{q:g}", signal, q, 4, 0, True, False, second_stage=how
         )
         for how in ("and", "or")
+        for signal, q in itertools.product(SIGNALS, QUANTILES)
+    ]
+    read = {"alt": "the alternative's {}", "gap": "the alternative's {} less greedy's"}
+    return gated + [
+        Rule(
+            f"staged pair; +3first if split and {read[how].format(signal)}>=q{q:g}",
+            signal,
+            q,
+            4,
+            0,
+            True,
+            False,
+            second_stage=how,
+        )
+        for how in PAIR_READS
         for signal, q in itertools.product(SIGNALS, QUANTILES)
     ]
 
@@ -244,6 +272,8 @@ def table(pool: list, rules: list[Rule]) -> list[dict]:
         gate = None
         if rule.signal is not None:  # stop at greedy on the surest `quantile` share of questions
             v = values[rule.signal]
+            if rule.second_stage in PAIR_READS:  # a pair rule: the `quantile` share read as contested
+                v = sorted(pair_value(rule, c) for _, c in items)
             gate = v[min(len(v) - 1, int(len(v) * (1 - rule.quantile)))]
         outcomes = [replay(rule, c, gate) for _, c in items]
         right = {i: float(o["right"]) for i, o in enumerate(outcomes)}

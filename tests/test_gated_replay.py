@@ -100,3 +100,24 @@ def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_
     assert spent == {("and", sure): 20, ("and", unsure): 20, ("or", sure): 20, ("or", unsure): 40}
     assert all(replay.live_fields(r, 0.5) is None for r in rules.values())  # never run live
     assert not {r.name for r in replay.after_sealed()} & {r.name for r in replay.grid()}  # outside the choice
+
+
+def test_a_pair_rule_spends_the_second_stage_only_where_the_alternative_reads_as_contested():
+    cands = [
+        cand("greedy", 0, 1, False),
+        cand("first", 0, 2, True),
+        cand("first", 1, 2, True),
+        cand("first", 2, 2, True),
+    ]
+    cands[0].signals, cands[1].signals = {"tail_logprob": -0.2}, {"tail_logprob": -0.5}
+    rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == "tail_logprob" and r.quantile == 0.5}
+    # "alt" reads the alternative's own signal (-0.5), "gap" that less greedy's (-0.3)
+    assert replay.pair_value(rules["alt"], cands) == -0.5
+    assert abs(replay.pair_value(rules["gap"], cands) - -0.3) < 1e-12
+    spent = {how: [replay.replay(rules[how], cands, gate)["tokens"] for gate in (-0.6, -0.4, -0.2)] for how in rules}
+    assert spent["alt"] == [40, 20, 20] and spent["gap"] == [40, 40, 20]
+    outcome = replay.replay(rules["alt"], cands, -0.4)  # no second stage: the pair's own vote
+    assert outcome["answer"] == replay.vote(cands[:2])[0]
+    cands[1].answer = 1  # the pair agrees: no second stage, whatever the alternative reads
+    assert all(replay.replay(r, cands, -1.0)["tokens"] == 20 for r in rules.values())
+    assert all(replay.live_fields(r, 0.5) is None for r in rules.values())
