@@ -83,6 +83,8 @@ class Table:
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
     kind: str = "samplers"
+    # the accuracy column's split, where the run's own says "test" of train items (a dev check)
+    split: str | None = None
 
 
 def from_records(folder: Path, tasks: str) -> dict:
@@ -309,7 +311,7 @@ def markdown(table: Table, results: dict) -> str:
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
-    split = results.get("split", "all")
+    split = table.split or results.get("split", "all")
     head = [f"{split} accuracy [95% CI]" if c == "accuracy" and split != "all" else c for c in table.columns]
     greedy = results["samplers"]["greedy"]
     lines = ["| sampler | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
@@ -503,6 +505,7 @@ TABLES = {
     "dev-q15": Table(
         [DEV_Q15],
         ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
     ),
     "sealed-q15": Table([SEALED_Q15], GSM8K_COLUMNS),
     "sealed-q15-pairs": Table([SEALED_Q15], [], kind="pairs", pairs=vote_pairs(4)),
