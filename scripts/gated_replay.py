@@ -27,6 +27,7 @@ from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
+from entropix_mlx.sampling.answers import _numbers  # noqa: E402
 from entropix_mlx.sampling.deliberate_config import REASONING_TABLE, DeliberateConfig  # noqa: E402
 from entropix_mlx.sampling.gate import SIGNALS, WINDOW  # noqa: E402
 from entropix_mlx.sampling.settings import read_toml  # noqa: E402
@@ -63,6 +64,7 @@ class Cand:
     answer_margin: float
     signals: dict | None = None
     stop: tuple | None = None  # (floor, where the running stop ends it at that floor)
+    values: frozenset = frozenset()  # every number its text writes
 
 
 def candidates(record: dict) -> list[Cand]:
@@ -88,6 +90,7 @@ def candidates(record: dict) -> list[Cand]:
                 c["logprobs"],
                 c.get("measures", {}),
                 c["answer_margin"],
+                values=frozenset(value for value, _, _ in _numbers(c.get("text", ""))),
             )
         )
     firsts_sorted = sorted((c for c in out if c.kind == "first"), key=lambda c: -c.logprobs[0])
@@ -143,8 +146,10 @@ class Rule:
     second_stage: str = ""
 
 
-# What a pair rule reads: the alternative chain's own signal ("alt"), or that less greedy's ("gap").
-PAIR_READS = ("alt", "gap")
+# What a pair rule reads: the alternative chain's own signal ("alt"), or that less greedy's ("gap");
+# or the two texts together: the share of their numbers they both write, high ("shared") or low ("parted").
+PAIR_READS = ("alt", "gap", "shared", "parted")
+NUMBERS = "numbers"  # the signal name of the rules that read the texts
 
 
 STAGED = Rule("staged (disagreement only)", None, 0.0, 4, 0, True, False, disagreement_only=True)
@@ -163,6 +168,9 @@ def settled(group: list[Cand]) -> bool:
 
 def pair_value(rule: Rule, cands: list[Cand]) -> float:
     g, alternative = cands[0], pick(cands, 1, 0)[0]
+    if rule.signal == NUMBERS:
+        shared = len(g.values & alternative.values) / max(1, len(g.values | alternative.values))
+        return shared if rule.second_stage == "shared" else 1 - shared
     value = signals(alternative)[rule.signal]
     return value - signals(g)[rule.signal] if rule.second_stage == "gap" else value
 
@@ -229,20 +237,38 @@ def after_sealed() -> list[Rule]:
         for signal, q in itertools.product(SIGNALS, QUANTILES)
     ]
     read = {"alt": "the alternative's {}", "gap": "the alternative's {} less greedy's"}
-    return gated + [
-        Rule(
-            f"staged pair; +3first if split and {read[how].format(signal)}>=q{q:g}",
-            signal,
-            q,
-            4,
-            0,
-            True,
-            False,
-            second_stage=how,
-        )
-        for how in PAIR_READS
-        for signal, q in itertools.product(SIGNALS, QUANTILES)
-    ]
+    texts = {"shared": "the share of numbers both write", "parted": "the share of numbers one writes alone"}
+    return (
+        gated
+        + [
+            Rule(
+                f"staged pair; +3first if split and {read[how].format(signal)}>=q{q:g}",
+                signal,
+                q,
+                4,
+                0,
+                True,
+                False,
+                second_stage=how,
+            )
+            for how in read
+            for signal, q in itertools.product(SIGNALS, QUANTILES)
+        ]
+        + [
+            Rule(
+                f"staged pair; +3first if split and {texts[how]}>=q{q:g}",
+                NUMBERS,
+                q,
+                4,
+                0,
+                True,
+                False,
+                second_stage=how,
+            )
+            for how in texts
+            for q in QUANTILES
+        ]
+    )
 
 
 def live_fields(rule: Rule, gate: float | None) -> dict | None:
@@ -271,9 +297,10 @@ def table(pool: list, rules: list[Rule]) -> list[dict]:
     for rule in rules:
         gate = None
         if rule.signal is not None:  # stop at greedy on the surest `quantile` share of questions
-            v = values[rule.signal]
             if rule.second_stage in PAIR_READS:  # a pair rule: the `quantile` share read as contested
                 v = sorted(pair_value(rule, c) for _, c in items)
+            else:
+                v = values[rule.signal]
             gate = v[min(len(v) - 1, int(len(v) * (1 - rule.quantile)))]
         outcomes = [replay(rule, c, gate) for _, c in items]
         right = {i: float(o["right"]) for i, o in enumerate(outcomes)}

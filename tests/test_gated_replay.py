@@ -121,3 +121,34 @@ def test_a_pair_rule_spends_the_second_stage_only_where_the_alternative_reads_as
     cands[1].answer = 1  # the pair agrees: no second stage, whatever the alternative reads
     assert all(replay.replay(r, cands, -1.0)["tokens"] == 20 for r in rules.values())
     assert all(replay.live_fields(r, 0.5) is None for r in rules.values())
+
+
+def test_a_pair_rule_can_read_the_share_of_numbers_the_two_texts_both_write():
+    cands = [cand("greedy", 0, 1, False), cand("first", 0, 2, True), cand("first", 1, 2, True)]
+    cands[0].values, cands[1].values = frozenset({3, 12, 36}), frozenset({3, 36, 18})
+    rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == replay.NUMBERS and r.quantile == 0.5}
+    assert replay.pair_value(rules["shared"], cands) == 0.5  # 3 and 36 of 3, 12, 18, 36
+    assert replay.pair_value(rules["parted"], cands) == 0.5
+    cands[1].values = frozenset({3, 12})
+    assert abs(replay.pair_value(rules["shared"], cands) - 2 / 3) < 1e-12
+    assert [replay.replay(rules["shared"], cands, gate)["tokens"] for gate in (0.6, 0.7)] == [30, 20]
+    assert [replay.replay(rules["parted"], cands, gate)["tokens"] for gate in (0.3, 0.4)] == [30, 20]
+
+
+def test_a_candidate_keeps_the_numbers_its_text_writes():
+    record = {
+        "expected": "12",
+        "candidates": [
+            {
+                "split": None,
+                "answer": "12",
+                "finish_reason": "eos",
+                "own_tokens": 3,
+                "logprobs": [-0.1] * 3,
+                "answer_margin": 0.9,
+                "text": "3 dozen is 3 x 12 = 36, so 1,200 eggs; half is 0.5",
+            }
+        ],
+    }
+    (greedy,) = replay.candidates(record)
+    assert greedy.right and greedy.values == {3, 12, 36, 1200, 0.5}
