@@ -74,14 +74,18 @@ def cand(kind, order, answer, right, own=10):
     return replay.Cand(kind, order, 0, answer, right, True, own, [-0.1] * own, {}, 0.9)
 
 
-def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_or_or():
-    # the pair disagrees; the later first tokens agree with the alternative, which is right
-    cands = [
+def split_pair():
+    """Greedy wrong; its pair disagrees; the later first tokens agree with the alternative, which is right."""
+    return [
         cand("greedy", 0, 1, False),
         cand("first", 0, 2, True),
         cand("first", 1, 2, True),
         cand("first", 2, 2, True),
     ]
+
+
+def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_or_or():
+    cands = split_pair()
     cands[0].signals = {"head_agreement": 0.5}
     rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == "head_agreement" and r.quantile == 0.5}
     sure, unsure = 0.4, 0.6  # the gate the chain's head agreement is at or above / below
@@ -103,12 +107,7 @@ def test_after_the_sealed_scoring_the_gate_decides_staged_second_stage_with_and_
 
 
 def test_a_pair_rule_spends_the_second_stage_only_where_the_alternative_reads_as_contested():
-    cands = [
-        cand("greedy", 0, 1, False),
-        cand("first", 0, 2, True),
-        cand("first", 1, 2, True),
-        cand("first", 2, 2, True),
-    ]
+    cands = split_pair()
     cands[0].signals, cands[1].signals = {"tail_logprob": -0.2}, {"tail_logprob": -0.5}
     rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == "tail_logprob" and r.quantile == 0.5}
     # "alt" reads the alternative's own signal (-0.5), "gap" that less greedy's (-0.3)
@@ -124,7 +123,7 @@ def test_a_pair_rule_spends_the_second_stage_only_where_the_alternative_reads_as
 
 
 def test_a_pair_rule_can_read_the_share_of_numbers_the_two_texts_both_write():
-    cands = [cand("greedy", 0, 1, False), cand("first", 0, 2, True), cand("first", 1, 2, True)]
+    cands = split_pair()[:3]
     cands[0].values, cands[1].values = frozenset({3, 12, 36}), frozenset({3, 36, 18})
     rules = {r.second_stage: r for r in replay.after_sealed() if r.signal == replay.NUMBERS and r.quantile == 0.5}
     assert replay.pair_value(rules["shared"], cands) == 0.5  # 3 and 36 of 3, 12, 18, 36
