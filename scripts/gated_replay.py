@@ -183,7 +183,7 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
         spent += sum(c.own for c in first[1:])
         chosen = first
         split = not settled(first)
-        if rule.second_stage in PAIR_READS:  # the alternative about as sure as greedy: contested
+        if rule.second_stage in PAIR_READS:  # the pair reads as contested
             split = split and pair_value(rule, cands) >= gate
         elif rule.second_stage:
             unsure = not gates.sure(g.ended, signals(g)[rule.signal], gate)
@@ -229,46 +229,24 @@ def grid() -> list[Rule]:
 def after_sealed() -> list[Rule]:
     """Rules replayed after the sealed scoring, to see what might close its gap to `staged`:
     outside grid(), so they can change neither the choice nor the frozen setting."""
-    gated = [
-        Rule(
-            f"staged pair; +3first if split {how} not {signal}>=q{q:g}", signal, q, 4, 0, True, False, second_stage=how
-        )
-        for how in ("and", "or")
-        for signal, q in itertools.product(SIGNALS, QUANTILES)
-    ]
     read = {"alt": "the alternative's {}", "gap": "the alternative's {} less greedy's"}
     texts = {"shared": "the share of numbers both write", "parted": "the share of numbers one writes alone"}
-    return (
-        gated
+    whens = (
+        [
+            (how, s, q, f"split {how} not {s}>=q{q:g}")
+            for how in ("and", "or")
+            for s, q in itertools.product(SIGNALS, QUANTILES)
+        ]
         + [
-            Rule(
-                f"staged pair; +3first if split and {read[how].format(signal)}>=q{q:g}",
-                signal,
-                q,
-                4,
-                0,
-                True,
-                False,
-                second_stage=how,
-            )
+            (how, s, q, f"split and {read[how].format(s)}>=q{q:g}")
             for how in read
-            for signal, q in itertools.product(SIGNALS, QUANTILES)
+            for s, q in itertools.product(SIGNALS, QUANTILES)
         ]
-        + [
-            Rule(
-                f"staged pair; +3first if split and {texts[how]}>=q{q:g}",
-                NUMBERS,
-                q,
-                4,
-                0,
-                True,
-                False,
-                second_stage=how,
-            )
-            for how in texts
-            for q in QUANTILES
-        ]
+        + [(how, NUMBERS, q, f"split and {texts[how]}>=q{q:g}") for how in texts for q in QUANTILES]
     )
+    return [
+        Rule(f"staged pair; +3first if {when}", s, q, 4, 0, True, False, second_stage=how) for how, s, q, when in whens
+    ]
 
 
 def live_fields(rule: Rule, gate: float | None) -> dict | None:
