@@ -508,7 +508,12 @@ TABLES = {
         split="dev (train items)",
     ),
     "sealed-q15": Table([SEALED_Q15], GSM8K_COLUMNS),
-    "sealed-q15-pairs": Table([SEALED_Q15], [], kind="pairs", pairs=vote_pairs(4)),
+    "sealed-q15-pairs": Table(
+        [SEALED_Q15],
+        [],
+        kind="pairs",
+        pairs=[*vote_pairs(4), ("deliberate", "self_consistency k=2"), ("deliberate", "cisc k=2")],
+    ),
     "sealed-q15-acceptance": Table([SEALED_Q15], [], kind="acceptance", targets=(0.05, "cisc")),
     "q05-readme": Table(Q05, ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"]),
     "q05": Table(

@@ -67,7 +67,8 @@ def targets(results: dict, min_gain: float, against: str) -> list[tuple[str, str
             (
                 "deliberate >= CISC at equal tokens (within 10%)",
                 f"{pct(mine['accuracy'])} against {name} {pct(cisc['accuracy'])}, "
-                f"which spends {share:.2f}× deliberate's tokens",
+                f"which spends {share:.2f}× deliberate's tokens"
+                + ("" if share <= 1.1 else " (no CISC row lies within 10% of them: this is the next one up)"),
                 mine["accuracy"] >= cisc["accuracy"],
             )
         )

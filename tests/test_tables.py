@@ -264,3 +264,10 @@ def test_the_acceptance_table_gives_each_target_its_figure_and_verdict(tmp_path)
     lines = tables.markdown(table, tables.merged(table)).splitlines()[2:]
     assert [line.split(" | ")[2] for line in lines] == ["**holds**"] * 3
     assert "against cisc k=2 39.0%, which spends 0.95× deliberate's tokens" in lines[2]
+    assert "within 10%" not in lines[2].split(" | ")[1]
+    # no CISC row near deliberate's tokens: the next one up is named as such
+    cisc = [(1, (0.5, 100.0)), (2, (0.39, 290.0))]
+    path = acceptance_summary(tmp_path / "d.json", (0.4, 200.0), (0.35, 300.0), (0.36, 800.0), vs, cisc)
+    table = tables.Table([tables.Source(path)], [], kind="acceptance", targets=(0.05, "cisc"))
+    reached = tables.markdown(table, tables.merged(table)).splitlines()[4].split(" | ")[1]
+    assert "which spends 1.45× deliberate's tokens (no CISC row lies within 10% of them" in reached
