@@ -31,8 +31,10 @@ from acceptance import markdown as acceptance_markdown  # noqa: E402
 from code_check import summarize as summarize_code  # noqa: E402
 from cost_records import markdown as costs_markdown  # noqa: E402
 from cost_records import summarize as summarize_costs  # noqa: E402
+from gated_replay import fixable, fixable_markdown, ranking, ranking_markdown  # noqa: E402
 from gated_replay import markdown as replay_markdown  # noqa: E402
 from gated_replay import results as replay_results  # noqa: E402
+from gated_replay import results_per_model  # noqa: E402
 from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
@@ -49,6 +51,7 @@ from entropix_mlx.eval.report import (  # noqa: E402
 from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
 from entropix_mlx.eval.stats import holm  # noqa: E402
 from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
+from entropix_mlx.sampling.deliberate_config import shipped_reasoning  # noqa: E402
 
 NO_RECORDS = "*no records*"
 MARK = re.compile(r"^<!-- table: (\S+) -->$")
@@ -67,6 +70,8 @@ class Source:
     suffix: str = ""  # added to a row name an earlier source has already
     names: dict = field(default_factory=dict)  # row -> label
     tasks: str = "records"  # "records" (rebuilt from each record's answer), "builtin" or "fresh"
+    label: str = ""  # kinds "ranking" and "fixable": the row's name
+    sampler: str = ""  # kinds "ranking" and "fixable": whose records hold the greedy chains
 
 
 @dataclass
@@ -81,6 +86,9 @@ class Table:
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
+    # "replay-per-model": the rules a live staged pool replays, at its model's own quantiles;
+    # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
+    # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
     kind: str = "samplers"
     # the accuracy column's split, where the run's own says "test" of train items (a dev check)
@@ -224,8 +232,14 @@ def merged(table: Table) -> dict:
         return summarize_costs(ROOT / table.sources[0].path, ROOT)
     if table.kind == "code":
         return code_results(table)
+    if table.kind == "replay-per-model":  # per_model()'s rules over a live staged pool
+        return results_per_model(ROOT / table.sources[0].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(ROOT / table.sources[0].path)
+    if table.kind in ("ranking", "fixable"):  # the greedy chains of several pools, a row each
+        threshold = shipped_reasoning()["gate_threshold"]
+        read = {"ranking": ranking, "fixable": lambda f, s: fixable(f, s, threshold)}[table.kind]
+        return {"pools": [(s.label, read(ROOT / s.path, s.sampler), s.path) for s in table.sources]}
     if table.kind.startswith("speed"):
         return bench_results(table.sources[0].path)
     out = None
@@ -304,6 +318,10 @@ def markdown(table: Table, results: dict) -> str:
         return acceptance_markdown(results, *table.targets, where=table.sources[0].path)
     if table.kind.startswith("speed"):
         return speed_markdown(table.kind, results)
+    if table.kind == "ranking":
+        return ranking_markdown(results["pools"])
+    if table.kind == "fixable":
+        return fixable_markdown(results["pools"])
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
             results = {**results, "rows": results["after_sealed"], "chosen": None}
@@ -508,6 +526,24 @@ TABLES = {
         split="dev (train items)",
     ),
     "sealed-q15": Table([SEALED_Q15], GSM8K_COLUMNS),
+    "gate-ranking": Table(
+        [
+            Source(WIDE_POOL.path, label="0.5B dev (train 0-299)", sampler="deliberate"),
+            Source(SEALED_Q05.path, label="0.5B sealed", sampler="deliberate_staged"),
+            Source(DEV_Q15.path, label="1.5B dev (train 0-99)", sampler="deliberate"),
+            Source(SEALED_Q15.path, label="1.5B sealed", sampler="deliberate"),
+        ],
+        [],
+        kind="ranking",
+    ),
+    "gate-fixable": Table(
+        [
+            Source(WIDE_POOL.path, label="0.5B dev (train 0-299)", sampler="deliberate"),
+            Source(SEALED_Q05.path, label="0.5B sealed", sampler="deliberate_staged"),
+        ],
+        [],
+        kind="fixable",
+    ),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],

@@ -36,7 +36,9 @@ VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
 
 
-def read_pool(folder: Path) -> list[dict]:
+def read_pool(folder: Path, sampler: str | None = None) -> list[dict]:
+    """(greedy row, pool record) per item; the pool is every record of `sampler` (default:
+    the one sampler beside greedy)."""
     lines = []
     if (folder / "items.jsonl").exists():
         lines = (folder / "items.jsonl").read_text().splitlines()
@@ -46,7 +48,7 @@ def read_pool(folder: Path) -> list[dict]:
                 lines += f.read().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     greedy = {r["index"]: r for r in records if r["sampler"] == "greedy"}
-    pool = {r["index"]: r for r in records if r["sampler"] != "greedy"}
+    pool = {r["index"]: r for r in records if r["sampler"] == sampler or (sampler is None and r["sampler"] != "greedy")}
     return [(greedy.get(i), pool[i]) for i in sorted(pool)]
 
 
@@ -150,6 +152,7 @@ class Rule:
 # or the two texts together: the share of their numbers they both write, high ("shared") or low ("parted").
 PAIR_READS = ("alt", "gap", "shared", "parted")
 NUMBERS = "numbers"  # the signal name of the rules that read the texts
+THEN_STAGED = "then staged"  # the gate decides whether the `staged` baseline runs at all
 
 
 STAGED = Rule("staged (disagreement only)", None, 0.0, 4, 0, True, False, disagreement_only=True)
@@ -178,6 +181,8 @@ def pair_value(rule: Rule, cands: list[Cand]) -> float:
 def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
     g = cands[0]
     spent, rerun = g.own, 0
+    if rule.second_stage == THEN_STAGED and gates.sure(g.ended, signals(g)[rule.signal], gate):
+        return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False, "answer": g.answer}
     if rule.disagreement_only or rule.second_stage:
         first = [g, *pick(cands, 1, 0)]
         spent += sum(c.own for c in first[1:])
@@ -185,7 +190,7 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
         split = not settled(first)
         if rule.second_stage in PAIR_READS:  # the pair reads as contested
             split = split and pair_value(rule, cands) >= gate
-        elif rule.second_stage:
+        elif rule.second_stage in ("and", "or"):
             unsure = not gates.sure(g.ended, signals(g)[rule.signal], gate)
             split = (split and unsure) if rule.second_stage == "and" else (split or unsure)
         if split:
@@ -247,6 +252,30 @@ def after_sealed() -> list[Rule]:
     return [
         Rule(f"staged pair; +3first if {when}", s, q, 4, 0, True, False, second_stage=how) for how, s, q, when in whens
     ]
+
+
+def per_model() -> list[Rule]:
+    """The rules a live `staged` pool can replay (tried on the 1.5B model after both sealed
+    scorings, its gates at its own quantiles): the baseline; the gate in front of it; the gate
+    in front of one first-token alternative; and the after-sealed families that run the pair
+    always and decide its second stage ("or" would need second stages the pool never ran)."""
+    front = [
+        Rule(f"{s}>=q{q:g} then staged", s, q, 4, 0, True, False, second_stage=THEN_STAGED)
+        for s, q in itertools.product(SIGNALS, QUANTILES)
+    ]
+    one = [Rule(f"{s}>=q{q:g} +1first +0inside", s, q, 1, 0, False, False) for s, q in itertools.product(SIGNALS, QUANTILES)]
+    return [STAGED, *front, *one, *(r for r in after_sealed() if r.second_stage != "or")]
+
+
+def staged_pool_check(folder: Path, pool: list) -> None:
+    """A live `staged` run holds every candidate per_model() reads: the three later first
+    tokens exactly where the pair did not settle."""
+    for _, record in pool:
+        cands = candidates(record)
+        firsts = sum(c.kind == "first" for c in cands)
+        want = 1 if settled([cands[0], *pick(cands, 1, 0)]) else 4
+        if firsts != want:
+            raise SystemExit(f"{folder}: item {record['index']} has {firsts} first tokens, not {want}: not a staged pool")
 
 
 def live_fields(rule: Rule, gate: float | None) -> dict | None:
@@ -333,6 +362,135 @@ def results(folder: Path) -> dict:
         "chosen": choose(rows),
         "after_sealed": table(pool, [STAGED, *after_sealed()]),  # beside the baseline it is to beat
     }
+
+
+def results_per_model(folder: Path) -> dict:
+    """per_model()'s rules over a live `staged` pool, the selection rule applied to them."""
+    pool = read_pool(folder, "deliberate_staged")
+    staged_pool_check(folder, pool)
+    rows = table(pool, per_model())
+    greedy = [candidates(record)[0] for _, record in pool]
+    right = sum(g.right for g in greedy)
+    return {
+        "items": len(pool),
+        "greedy": {"accuracy": right / len(pool), "interval": wilson_interval(right, len(pool))},
+        "greedy_tokens": sum(g.own for g in greedy) / len(pool),
+        "rows": rows,
+        "chosen": choose(rows),
+    }
+
+
+LENGTH = "chain length"  # fewer tokens surer: a reference beside the gate signals, not one of them
+
+
+def auroc(right: list[float], wrong: list[float]) -> tuple[float, tuple[float, float]]:
+    """How often a right chain reads surer than a wrong one (ties half): 0.5 ranks nothing,
+    below it ranks backwards; with Hanley and McNeil's 95% interval."""
+    if not right or not wrong:
+        return float("nan"), (float("nan"), float("nan"))
+    a = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (len(right) - 1) * (q1 - a * a) + (len(wrong) - 1) * (q2 - a * a)) / (len(right) * len(wrong))
+    half = 1.96 * math.sqrt(max(0.0, var))
+    return a, (max(0.0, a - half), min(1.0, a + half))
+
+
+def rank_correlation(a: list[float], b: list[float]) -> float:
+    """Spearman's: the correlation of the two lists' ranks (ties share their mean rank)."""
+
+    def ranks(xs: list[float]) -> list[float]:
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        out = [0.0] * len(xs)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+                j += 1
+            for k in order[i : j + 1]:
+                out[k] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+
+
+def ranking(folder: Path, sampler: str) -> dict:
+    """How well each gate signal of the greedy chains in `sampler`'s records ranks the wrong
+    answers below the right ones, read as the gate reads it (a chain cut off by the limit is
+    the least sure of all)."""
+    pool = read_pool(folder, sampler)
+    chains = [candidates(record)[0] for _, record in pool]
+    context = [record["prompt_tokens"] + g.own for (_, record), g in zip(pool, chains)]
+    reads = {s: [signals(g)[s] if g.ended else -math.inf for g in chains] for s in SIGNALS}
+    reads[LENGTH] = [-g.own if g.ended else -math.inf for g in chains]
+    return {
+        "items": len(chains),
+        "wrong": sum(not g.right for g in chains),
+        # why head agreement reads as it does: the heads' mean disagreement falls as the context grows
+        "agreement_by_length": rank_correlation([signals(g)["head_agreement"] for g in chains], context),
+        "auroc": {
+            s: auroc([v for v, g in zip(vs, chains) if g.right], [v for v, g in zip(vs, chains) if not g.right])
+            for s, vs in reads.items()
+        },
+    }
+
+
+def ranking_markdown(pools: list[tuple[str, dict, str]]) -> str:
+    """One row a pool (label, ranking(), records): each signal's AUROC and its interval."""
+    names = [*SIGNALS, LENGTH]
+    lines = [
+        "| greedy chains | wrong | "
+        + " | ".join(f"`{n}`" if n in SIGNALS else n for n in names)
+        + " | `head_agreement` by context length | records |",
+        "| --- |" + " --- |" * (len(names) + 3),
+    ]
+    for label, r, where in pools:
+        cells = [f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, (lo, hi) in (r["auroc"][n] for n in names)]
+        lines.append(
+            f"| {label} | {r['wrong']} of {r['items']} | "
+            + " | ".join(cells)
+            + f" | {r['agreement_by_length']:+.2f} | {where} |"
+        )
+    return "\n".join(lines)
+
+
+def fixable(folder: Path, sampler: str, threshold: float) -> dict:
+    """Where a gate at `threshold` spends and where it keeps greedy's answer: how many of
+    greedy's answers are wrong there, and how many of those the `staged` baseline puts right
+    (read from a pool that ran it: replayed from a wide one, or its own records)."""
+    out = {"items": 0}
+    for _, record in read_pool(folder, sampler):
+        cands = candidates(record)
+        g = cands[0]
+        side = "kept" if gates.sure(g.ended, signals(g)["head_agreement"], threshold) else "spent"
+        tally = out.setdefault(side, {"items": 0, "wrong": 0, "fixed": 0})
+        tally["items"] += 1
+        out["items"] += 1
+        if not g.right:
+            tally["wrong"] += 1
+            tally["fixed"] += replay(STAGED, cands, None)["right"]
+    return out
+
+
+def fixable_markdown(pools: list[tuple[str, dict, str]]) -> str:
+    """One row a pool (label, fixable(), records)."""
+    head = ["greedy chains", "the gate spends on", "greedy wrong there", "`staged` puts right"]
+    head += ["it keeps greedy on", "greedy wrong there", "`staged` puts right", "records"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " --- |" * (len(head) - 1)]
+
+    def share(k: int, n: int) -> str:
+        return f"{k} ({100 * k / n:.0f}%)" if n else "0"
+
+    for label, r, where in pools:
+        cells = [label]
+        for side in ("spent", "kept"):
+            t = r.get(side, {"items": 0, "wrong": 0, "fixed": 0})
+            cells += [f"{t['items']} of {r['items']}", share(t["wrong"], t["items"]), share(t["fixed"], t["wrong"])]
+        lines.append("| " + " | ".join([*cells, where]) + " |")
+    return "\n".join(lines)
 
 
 def frozen(folder: Path, res: dict) -> str:
