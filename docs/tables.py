@@ -31,10 +31,15 @@ from acceptance import markdown as acceptance_markdown  # noqa: E402
 from code_check import summarize as summarize_code  # noqa: E402
 from cost_records import markdown as costs_markdown  # noqa: E402
 from cost_records import summarize as summarize_costs  # noqa: E402
-from gated_replay import fixable, fixable_markdown, ranking, ranking_markdown  # noqa: E402
+from gated_replay import (  # noqa: E402
+    fixable,
+    fixable_markdown,
+    ranking,
+    ranking_markdown,
+    results_per_model,  # noqa: E402
+)
 from gated_replay import markdown as replay_markdown  # noqa: E402
 from gated_replay import results as replay_results  # noqa: E402
-from gated_replay import results_per_model  # noqa: E402
 from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
@@ -225,23 +230,35 @@ def speed_markdown(kind: str, results: dict) -> str:
     return "\n".join(lines)
 
 
-def merged(table: Table) -> dict:
-    """The rows of every source over the same items, each with where its records are;
-    Holm's correction over all rows compared with greedy."""
+def pool_rows(table: Table) -> dict:
+    """The greedy chains of several pools, a row each: how each signal ranks the wrong
+    answers ("ranking"), or where the shipped gate spends ("fixable")."""
+    threshold = shipped_reasoning()["gate_threshold"]
+    read = {"ranking": ranking, "fixable": lambda folder, sampler: fixable(folder, sampler, threshold)}[table.kind]
+    return {"pools": [(s.label, read(ROOT / s.path, s.sampler), s.path) for s in table.sources]}
+
+
+def read_by_kind(table: Table) -> dict:
+    """The results of a table that is not rows of samplers."""
+    folder = ROOT / table.sources[0].path
     if table.kind == "costs":  # scripts/sampler_costs.py's runs, every one in the folder
-        return summarize_costs(ROOT / table.sources[0].path, ROOT)
+        return summarize_costs(folder, ROOT)
     if table.kind == "code":
         return code_results(table)
     if table.kind == "replay-per-model":  # per_model()'s rules over a live staged pool
-        return results_per_model(ROOT / table.sources[0].path)
+        return results_per_model(folder)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
-        return replay_results_once(ROOT / table.sources[0].path)
-    if table.kind in ("ranking", "fixable"):  # the greedy chains of several pools, a row each
-        threshold = shipped_reasoning()["gate_threshold"]
-        read = {"ranking": ranking, "fixable": lambda f, s: fixable(f, s, threshold)}[table.kind]
-        return {"pools": [(s.label, read(ROOT / s.path, s.sampler), s.path) for s in table.sources]}
-    if table.kind.startswith("speed"):
-        return bench_results(table.sources[0].path)
+        return replay_results_once(folder)
+    if table.kind in ("ranking", "fixable"):
+        return pool_rows(table)
+    return bench_results(table.sources[0].path)  # "speed", "speed-readme", "speed-schema"
+
+
+def merged(table: Table) -> dict:
+    """The rows of every source over the same items, each with where its records are;
+    Holm's correction over all rows compared with greedy."""
+    if table.kind in ("costs", "code", "ranking", "fixable") or table.kind.startswith(("replay", "speed")):
+        return read_by_kind(table)
     out = None
     for source in table.sources:
         path = ROOT / source.path

@@ -263,7 +263,10 @@ def per_model() -> list[Rule]:
         Rule(f"{s}>=q{q:g} then staged", s, q, 4, 0, True, False, second_stage=THEN_STAGED)
         for s, q in itertools.product(SIGNALS, QUANTILES)
     ]
-    one = [Rule(f"{s}>=q{q:g} +1first +0inside", s, q, 1, 0, False, False) for s, q in itertools.product(SIGNALS, QUANTILES)]
+    one = [
+        Rule(f"{s}>=q{q:g} +1first +0inside", s, q, 1, 0, False, False)
+        for s, q in itertools.product(SIGNALS, QUANTILES)
+    ]
     return [STAGED, *front, *one, *(r for r in after_sealed() if r.second_stage != "or")]
 
 
@@ -275,7 +278,9 @@ def staged_pool_check(folder: Path, pool: list) -> None:
         firsts = sum(c.kind == "first" for c in cands)
         want = 1 if settled([cands[0], *pick(cands, 1, 0)]) else 4
         if firsts != want:
-            raise SystemExit(f"{folder}: item {record['index']} has {firsts} first tokens, not {want}: not a staged pool")
+            raise SystemExit(
+                f"{folder}: item {record['index']} has {firsts} first tokens, not {want}: not a staged pool"
+            )
 
 
 def live_fields(rule: Rule, gate: float | None) -> dict | None:
@@ -413,7 +418,7 @@ def rank_correlation(a: list[float], b: list[float]) -> float:
 
     ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
     return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
 
 
@@ -423,7 +428,7 @@ def ranking(folder: Path, sampler: str) -> dict:
     the least sure of all)."""
     pool = read_pool(folder, sampler)
     chains = [candidates(record)[0] for _, record in pool]
-    context = [record["prompt_tokens"] + g.own for (_, record), g in zip(pool, chains)]
+    context = [record["prompt_tokens"] + g.own for (_, record), g in zip(pool, chains, strict=True)]
     reads = {s: [signals(g)[s] if g.ended else -math.inf for g in chains] for s in SIGNALS}
     reads[LENGTH] = [-g.own if g.ended else -math.inf for g in chains]
     return {
@@ -432,7 +437,10 @@ def ranking(folder: Path, sampler: str) -> dict:
         # why head agreement reads as it does: the heads' mean disagreement falls as the context grows
         "agreement_by_length": rank_correlation([signals(g)["head_agreement"] for g in chains], context),
         "auroc": {
-            s: auroc([v for v, g in zip(vs, chains) if g.right], [v for v, g in zip(vs, chains) if not g.right])
+            s: auroc(
+                [v for v, g in zip(vs, chains, strict=True) if g.right],
+                [v for v, g in zip(vs, chains, strict=True) if not g.right],
+            )
             for s, vs in reads.items()
         },
     }

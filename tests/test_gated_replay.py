@@ -1,7 +1,10 @@
 """scripts/gated_replay.py's selection rule and its tables (docs/gated-deliberate.md)."""
 
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("gated_replay", ROOT / "scripts" / "gated_replay.py")
@@ -151,3 +154,96 @@ def test_a_candidate_keeps_the_numbers_its_text_writes():
     }
     (greedy,) = replay.candidates(record)
     assert greedy.right and greedy.values == {3, 12, 36, 1200, 0.5}
+
+
+def test_auroc_counts_right_over_wrong_pairs_ties_half_and_a_backwards_signal_is_below_half():
+    a, (lo, hi) = replay.auroc([3.0, 2.0], [1.0, 2.0])  # 3>1, 3>2, 2>1, 2=2: 3.5 of 4
+    assert a == 0.875 and lo < a < hi <= 1.0
+    assert replay.auroc([0.0, 0.1], [1.0, 2.0])[0] == 0.0
+    assert abs(replay.rank_correlation([1, 2, 2, 3], [1, 2, 3, 4]) - 3 / 10**0.5) < 1e-12  # tied ranks 1.5, 1.5
+    assert replay.rank_correlation([1, 2, 3], [9, 5, 1]) == -1.0
+
+
+def chain_record(index, answer, own, lowest, ended=True, prompt=50):
+    """A pool record whose greedy chain answers `answer` (12 is right) over `own` tokens of log-probability `lowest`."""
+    greedy = {
+        "split": None,
+        "answer": answer,
+        "finish_reason": "eos" if ended else "length",
+        "own_tokens": own,
+        "logprobs": [lowest] * own,
+        "answer_margin": 0.9,
+        "measures": {"agreement": [1 / own] * own},  # the heads disagree less as the chain grows
+    }
+    return {"index": index, "sampler": "deliberate", "expected": "12", "prompt_tokens": prompt, "candidates": [greedy]}
+
+
+def write_pool(folder, records):
+    folder.mkdir()
+    (folder / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_ranking_reads_a_cut_off_chain_as_the_least_sure_and_each_signal_by_its_own_direction(tmp_path):
+    records = [
+        chain_record(0, "12", 10, -0.1),
+        chain_record(1, "12", 20, -0.2),
+        chain_record(2, "7", 30, -0.3),
+        chain_record(3, "7", 40, -0.05, ended=False),  # surest log-probabilities, but cut off
+    ]
+    write_pool(tmp_path / "pool", [*records, {**records[0], "sampler": "greedy"}])
+    r = replay.ranking(tmp_path / "pool", "deliberate")
+    assert (r["items"], r["wrong"]) == (4, 2)
+    assert r["auroc"]["lowest_group"][0] == 1.0  # both right chains above the wrong one and the cut-off one
+    assert r["auroc"][replay.LENGTH][0] == 1.0  # shorter is surer
+    # the longer wrong chain's heads disagree least: it reads surer than both right ones, the cut-off one below them
+    assert r["auroc"]["head_agreement"][0] == 0.5 and r["agreement_by_length"] == 1.0
+
+
+def test_the_fixable_table_splits_the_questions_at_the_gate_and_counts_what_staged_puts_right(tmp_path):
+    def record(index, greedy_answer, agreement, pair):
+        rec = chain_record(index, greedy_answer, 10, -0.5)
+        rec["candidates"][0]["measures"] = {"agreement": [agreement] * 10}
+        alt = {**rec["candidates"][0], "split": 0, "answer": pair, "logprobs": [-0.2] * 10}
+        rec["candidates"] += [alt, *({**alt, "logprobs": [-0.3 - k] * 10} for k in range(3))]
+        return rec
+
+    # heads that agree (agreement 0.001) keep greedy at a gate of -0.005; disagreeing ones (0.01) spend
+    write_pool(
+        tmp_path / "pool",
+        [
+            record(0, "7", 0.01, "12"),
+            record(1, "12", 0.01, "12"),
+            record(2, "7", 0.001, "12"),
+            record(3, "7", 0.001, "7"),
+        ],
+    )
+    r = replay.fixable(tmp_path / "pool", "deliberate", -0.005)
+    assert r["spent"] == {"items": 2, "wrong": 1, "fixed": 1}
+    assert r["kept"] == {"items": 2, "wrong": 2, "fixed": 1}
+    assert "| pool | 2 of 4 | 1 (50%) | 1 (100%) | 2 of 4 | 2 (100%) | 1 (50%) | x |" in replay.fixable_markdown(
+        [("pool", r, "x")]
+    )
+
+
+def test_a_gate_in_front_of_staged_keeps_greedy_when_sure_and_runs_staged_whole_when_not():
+    cands = split_pair()
+    cands[0].signals = {"lowest_group": -0.2}
+    rule = next(r for r in replay.per_model() if r.second_stage == replay.THEN_STAGED and r.signal == "lowest_group")
+    sure = replay.replay(rule, cands, -0.3)
+    assert (sure["tokens"], sure["right"], sure["spent_more"]) == (10, False, False)
+    unsure = replay.replay(rule, cands, -0.1)  # greedy, its pair, which disagree, then the later first tokens
+    assert (unsure["tokens"], unsure["right"]) == (40, True)
+    assert unsure == replay.replay(replay.STAGED, cands, None)
+    assert replay.live_fields(rule, -0.1) is None
+    assert not any(r.second_stage == "or" for r in replay.per_model())  # a staged pool never ran those
+
+
+def test_a_staged_pool_must_hold_the_later_first_tokens_exactly_where_the_pair_did_not_settle(tmp_path):
+    rec = chain_record(0, "12", 10, -0.1)
+    alt = {**rec["candidates"][0], "split": 0, "answer": "12"}
+    write_pool(tmp_path / "agree", [{**rec, "sampler": "deliberate_staged", "candidates": [rec["candidates"][0], alt]}])
+    replay.staged_pool_check(tmp_path / "agree", replay.read_pool(tmp_path / "agree", "deliberate_staged"))
+    four = [rec["candidates"][0], *({**alt, "logprobs": [-0.1 - k] * 10} for k in range(4))]
+    write_pool(tmp_path / "more", [{**rec, "sampler": "deliberate_staged", "candidates": four}])
+    with pytest.raises(SystemExit, match="item 0 has 4 first tokens, not 1"):
+        replay.staged_pool_check(tmp_path / "more", replay.read_pool(tmp_path / "more", "deliberate_staged"))
