@@ -67,6 +67,7 @@ RESULTS_HEADER = re.compile(
 
 
 replay_results_once = functools.cache(replay_results)  # two tables read one pool
+per_model_once = functools.cache(results_per_model)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Table:
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
-    # "replay-per-model": the rules a live staged pool replays, at its model's own quantiles;
+    # "replay-per-model" / "-all": the rules a live staged pool replays at its model's own quantiles;
     # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
     # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
@@ -245,8 +246,8 @@ def read_by_kind(table: Table) -> dict:
         return summarize_costs(folder, ROOT)
     if table.kind == "code":
         return code_results(table)
-    if table.kind == "replay-per-model":  # per_model()'s rules over a live staged pool
-        return results_per_model(folder)
+    if table.kind.startswith("replay-per-model"):  # per_model()'s rules over a live staged pool
+        return per_model_once(folder)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
@@ -342,7 +343,8 @@ def markdown(table: Table, results: dict) -> str:
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
             results = {**results, "rows": results["after_sealed"], "chosen": None}
-        return replay_markdown(results, every=table.kind != "replay", where=table.sources[0].path)
+        every = table.kind not in ("replay", "replay-per-model")
+        return replay_markdown(results, every=every, where=table.sources[0].path)
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
