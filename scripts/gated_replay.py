@@ -353,10 +353,9 @@ def choose(rows: list[dict], cap: float = 2.7) -> dict | None:
     return min(level, key=lambda r: (r["tokens"], -r["accuracy"]))
 
 
-def results(folder: Path) -> dict:
-    """The pool's greedy figures, every rule's row and the chosen one."""
-    pool = read_pool(folder)
-    rows = table(pool, grid())
+def summary(pool: list, rules: list[Rule]) -> dict:
+    """The pool's greedy figures, every rule's row and the one the selection rule picks."""
+    rows = table(pool, rules)
     greedy = [candidates(record)[0] for _, record in pool]
     right = sum(g.right for g in greedy)
     return {
@@ -365,24 +364,20 @@ def results(folder: Path) -> dict:
         "greedy_tokens": sum(g.own for g in greedy) / len(pool),
         "rows": rows,
         "chosen": choose(rows),
-        "after_sealed": table(pool, [STAGED, *after_sealed()]),  # beside the baseline it is to beat
     }
+
+
+def results(folder: Path) -> dict:
+    """The wide pool's rules and the after-sealed ones, beside the baseline they are to beat."""
+    pool = read_pool(folder)
+    return {**summary(pool, grid()), "after_sealed": table(pool, [STAGED, *after_sealed()])}
 
 
 def results_per_model(folder: Path) -> dict:
     """per_model()'s rules over a live `staged` pool, the selection rule applied to them."""
     pool = read_pool(folder, "deliberate_staged")
     staged_pool_check(folder, pool)
-    rows = table(pool, per_model())
-    greedy = [candidates(record)[0] for _, record in pool]
-    right = sum(g.right for g in greedy)
-    return {
-        "items": len(pool),
-        "greedy": {"accuracy": right / len(pool), "interval": wilson_interval(right, len(pool))},
-        "greedy_tokens": sum(g.own for g in greedy) / len(pool),
-        "rows": rows,
-        "chosen": choose(rows),
-    }
+    return summary(pool, per_model())
 
 
 LENGTH = "chain length"  # fewer tokens surer: a reference beside the gate signals, not one of them
