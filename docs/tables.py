@@ -456,6 +456,7 @@ SEALED_Q05 = Source("docs/records/sealed_q05")
 GSM8K_COLUMNS = ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"]
 DEV_Q15 = Source("docs/records/dev_q15")
 SEALED_Q15 = Source("docs/records/sealed_q15")
+STAGED_Q15 = Source("docs/records/dev_q15_staged")
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -559,10 +560,18 @@ TABLES = {
         [
             Source(WIDE_POOL.path, label="0.5B dev (train 0-299)", sampler="deliberate"),
             Source(SEALED_Q05.path, label="0.5B sealed", sampler="deliberate_staged"),
+            Source(STAGED_Q15.path, label="1.5B dev (train 0-99)", sampler="deliberate_staged"),
         ],
         [],
         kind="fixable",
     ),
+    "staged-q15": Table(
+        [STAGED_Q15],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
+    ),
+    "gated-rules-q15": Table([STAGED_Q15], [], kind="replay-per-model"),
+    "gated-rules-q15-all": Table([STAGED_Q15], [], kind="replay-per-model-all"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],
