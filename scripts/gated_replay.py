@@ -12,6 +12,7 @@ POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts a
 """
 
 import argparse
+import functools
 import gzip
 import itertools
 import json
@@ -36,9 +37,8 @@ VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
 
 
-def read_pool(folder: Path, sampler: str | None = None) -> list[dict]:
-    """(greedy row, pool record) per item; the pool is every record of `sampler` (default:
-    the one sampler beside greedy)."""
+@functools.cache  # the tables read one pool several ways
+def pool_records(folder: Path) -> list[dict]:
     lines = []
     if (folder / "items.jsonl").exists():
         lines = (folder / "items.jsonl").read_text().splitlines()
@@ -46,7 +46,13 @@ def read_pool(folder: Path, sampler: str | None = None) -> list[dict]:
         for part in sorted(folder.glob("items-*.jsonl.gz")):
             with gzip.open(part, "rt") as f:
                 lines += f.read().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_pool(folder: Path, sampler: str | None = None) -> list[dict]:
+    """(greedy row, pool record) per item; the pool is every record of `sampler` (default:
+    the one sampler beside greedy)."""
+    records = pool_records(folder)
     greedy = {r["index"]: r for r in records if r["sampler"] == "greedy"}
     pool = {r["index"]: r for r in records if r["sampler"] == sampler or (sampler is None and r["sampler"] != "greedy")}
     return [(greedy.get(i), pool[i]) for i in sorted(pool)]
