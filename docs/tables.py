@@ -36,7 +36,7 @@ from gated_replay import (  # noqa: E402
     fixable_markdown,
     ranking,
     ranking_markdown,
-    results_per_model,  # noqa: E402
+    results_per_model,
 )
 from gated_replay import markdown as replay_markdown  # noqa: E402
 from gated_replay import results as replay_results  # noqa: E402
@@ -234,13 +234,14 @@ def speed_markdown(kind: str, results: dict) -> str:
 def pool_rows(table: Table) -> dict:
     """The greedy chains of several pools, a row each: how each signal ranks the wrong
     answers ("ranking"), or where the shipped gate spends ("fixable")."""
-    threshold = shipped_reasoning()["gate_threshold"]
-    read = {"ranking": ranking, "fixable": lambda folder, sampler: fixable(folder, sampler, threshold)}[table.kind]
+    gate = shipped_reasoning()
+    shipped = (gate["gate_signal"], gate["gate_threshold"])
+    read = {"ranking": ranking, "fixable": lambda folder, sampler: fixable(folder, sampler, *shipped)}[table.kind]
     return {"pools": [(s.label, read(ROOT / s.path, s.sampler), s.path) for s in table.sources]}
 
 
-def read_by_kind(table: Table) -> dict:
-    """The results of a table that is not rows of samplers."""
+def read_by_kind(table: Table) -> dict | None:
+    """The results of a table that is not rows of samplers (None for one that is)."""
     folder = ROOT / table.sources[0].path
     if table.kind == "costs":  # scripts/sampler_costs.py's runs, every one in the folder
         return summarize_costs(folder, ROOT)
@@ -252,14 +253,17 @@ def read_by_kind(table: Table) -> dict:
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
         return pool_rows(table)
-    return bench_results(table.sources[0].path)  # "speed", "speed-readme", "speed-schema"
+    if table.kind.startswith("speed"):
+        return bench_results(table.sources[0].path)
+    return None
 
 
 def merged(table: Table) -> dict:
     """The rows of every source over the same items, each with where its records are;
     Holm's correction over all rows compared with greedy."""
-    if table.kind in ("costs", "code", "ranking", "fixable") or table.kind.startswith(("replay", "speed")):
-        return read_by_kind(table)
+    own = read_by_kind(table)
+    if own is not None:
+        return own
     out = None
     for source in table.sources:
         path = ROOT / source.path

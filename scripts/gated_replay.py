@@ -466,15 +466,15 @@ def ranking_markdown(pools: list[tuple[str, dict, str]]) -> str:
     return "\n".join(lines)
 
 
-def fixable(folder: Path, sampler: str, threshold: float) -> dict:
-    """Where a gate at `threshold` spends and where it keeps greedy's answer: how many of
+def fixable(folder: Path, sampler: str, signal: str, threshold: float) -> dict:
+    """Where a gate on `signal` at `threshold` spends and where it keeps greedy's answer: how many of
     greedy's answers are wrong there, and how many of those the `staged` baseline puts right
     (read from a pool that ran it: replayed from a wide one, or its own records)."""
     out = {"items": 0}
     for _, record in read_pool(folder, sampler):
         cands = candidates(record)
         g = cands[0]
-        side = "kept" if gates.sure(g.ended, signals(g)["head_agreement"], threshold) else "spent"
+        side = "kept" if gates.sure(g.ended, signals(g)[signal], threshold) else "spent"
         tally = out.setdefault(side, {"items": 0, "wrong": 0, "fixed": 0})
         tally["items"] += 1
         out["items"] += 1

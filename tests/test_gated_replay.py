@@ -217,7 +217,7 @@ def test_the_fixable_table_splits_the_questions_at_the_gate_and_counts_what_stag
             record(3, "7", 0.001, "7"),
         ],
     )
-    r = replay.fixable(tmp_path / "pool", "deliberate", -0.005)
+    r = replay.fixable(tmp_path / "pool", "deliberate", "head_agreement", -0.005)
     assert r["spent"] == {"items": 2, "wrong": 1, "fixed": 1}
     assert r["kept"] == {"items": 2, "wrong": 2, "fixed": 1}
     assert "| pool | 2 of 4 | 1 (50%) | 1 (100%) | 2 of 4 | 2 (100%) | 1 (50%) | x |" in replay.fixable_markdown(
