@@ -34,6 +34,8 @@ from cost_records import summarize as summarize_costs  # noqa: E402
 from gated_replay import (  # noqa: E402
     fixable,
     fixable_markdown,
+    held_out,
+    held_out_markdown,
     ranking,
     ranking_markdown,
     results_per_model,
@@ -92,7 +94,8 @@ class Table:
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
-    # "replay-per-model" / "-all": the rules a live staged pool replays at its model's own quantiles;
+    # "replay-per-model" / "-all": the rules live staged pools (as one) replay at their model's own quantiles;
+    # "held-out": the rules chosen on the first source's pool, their thresholds fixed, on the second's;
     # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
     # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
@@ -247,8 +250,10 @@ def read_by_kind(table: Table) -> dict | None:
         return summarize_costs(folder, ROOT)
     if table.kind == "code":
         return code_results(table)
-    if table.kind.startswith("replay-per-model"):  # per_model()'s rules over a live staged pool
-        return per_model_once(folder)
+    if table.kind.startswith("replay-per-model"):  # per_model()'s rules over live staged pools as one
+        return per_model_once(*(ROOT / s.path for s in table.sources))
+    if table.kind == "held-out":  # the rules chosen on the first pool, replayed on the second
+        return held_out(folder, ROOT / table.sources[1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
@@ -344,11 +349,13 @@ def markdown(table: Table, results: dict) -> str:
         return ranking_markdown(results["pools"])
     if table.kind == "fixable":
         return fixable_markdown(results["pools"])
+    if table.kind == "held-out":
+        return held_out_markdown(results, where=table.sources[1].path)
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
             results = {**results, "rows": results["after_sealed"], "chosen": None}
         every = table.kind not in ("replay", "replay-per-model")
-        return replay_markdown(results, every=every, where=table.sources[0].path)
+        return replay_markdown(results, every=every, where=", ".join(s.path for s in table.sources))
     if table.kind == "open":
         rows = [{**r, "records": results["samplers"][r["sampler"]]["records"]} for r in open_table_rows(results)]
         return markdown_table(rows)
@@ -461,6 +468,7 @@ GSM8K_COLUMNS = ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", 
 DEV_Q15 = Source("docs/records/dev_q15")
 SEALED_Q15 = Source("docs/records/sealed_q15")
 STAGED_Q15 = Source("docs/records/dev_q15_staged")
+STAGED_Q15_B = Source("docs/records/dev_q15_staged_b")  # the next 100 items: a held-out check
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -576,6 +584,14 @@ TABLES = {
     ),
     "gated-rules-q15": Table([STAGED_Q15], [], kind="replay-per-model"),
     "gated-rules-q15-all": Table([STAGED_Q15], [], kind="replay-per-model-all"),
+    "staged-q15-b": Table(
+        [STAGED_Q15_B],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
+    ),
+    "gated-held-out-q15": Table([STAGED_Q15, STAGED_Q15_B], [], kind="held-out"),
+    "gated-rules-q15-200": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model"),
+    "gated-rules-q15-200-all": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model-all"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],

@@ -35,6 +35,7 @@ from entropix_mlx.sampling.settings import read_toml  # noqa: E402
 
 VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
+CAP = 2.7  # the selection rule's most tokens, as a multiple of greedy's
 
 
 @functools.cache  # the tables read one pool several ways
@@ -306,20 +307,28 @@ def live_fields(rule: Rule, gate: float | None) -> dict | None:
     }
 
 
-def table(pool: list, rules: list[Rule]) -> list[dict]:
+def gate_at_quantile(rule: Rule, items: list[list[Cand]]) -> float | None:
+    """Stop at greedy on the surest `quantile` share of these questions (a pair rule: spend
+    the second stage on the `quantile` share read as contested)."""
+    if rule.signal is None:
+        return None
+    if rule.second_stage in PAIR_READS:
+        v = sorted(pair_value(rule, c) for c in items)
+    else:
+        v = sorted(signals(c[0])[rule.signal] for c in items)
+    return v[min(len(v) - 1, int(len(v) * (1 - rule.quantile)))]
+
+
+def table(pool: list, rules: list[Rule], fixed: dict | None = None) -> list[dict]:
+    """Every rule's row over the pool, its gate at the pool's own quantile, or the one `fixed`
+    gives for its name (a threshold carried from another pool)."""
     items = [(greedy, candidates(record)) for greedy, record in pool]
     greedy_right = {i: float(c[0].right) for i, (_, c) in enumerate(items)}
     greedy_tokens = sum(c[0].own for _, c in items) / len(items)
-    values = {s: sorted(signals(c[0])[s] for _, c in items) for s in SIGNALS}
     rows = []
     for rule in rules:
-        gate = None
-        if rule.signal is not None:  # stop at greedy on the surest `quantile` share of questions
-            if rule.second_stage in PAIR_READS:  # a pair rule: the `quantile` share read as contested
-                v = sorted(pair_value(rule, c) for _, c in items)
-            else:
-                v = values[rule.signal]
-            gate = v[min(len(v) - 1, int(len(v) * (1 - rule.quantile)))]
+        fixed_here = fixed is not None and rule.name in fixed
+        gate = fixed[rule.name] if fixed_here else gate_at_quantile(rule, [c for _, c in items])
         outcomes = [replay(rule, c, gate) for _, c in items]
         right = {i: float(o["right"]) for i, o in enumerate(outcomes)}
         n, k = len(outcomes), sum(right.values())
@@ -342,12 +351,14 @@ def table(pool: list, rules: list[Rule]) -> list[dict]:
                 "p": sign_test(wins, losses),
                 "diff": diff,
                 "deliberate": live_fields(rule, gate),
+                "gate": gate,
+                "right": [o["right"] for o in outcomes],
             }
         )
     return rows
 
 
-def choose(rows: list[dict], cap: float = 2.7) -> dict | None:
+def choose(rows: list[dict], cap: float = CAP) -> dict | None:
     """docs/gated-deliberate.md's selection rule: the rules that read the measurements, at
     most `cap` x greedy's tokens; the best accuracy, every rule within 1 point of it level,
     and of those the fewest tokens."""
@@ -359,9 +370,9 @@ def choose(rows: list[dict], cap: float = 2.7) -> dict | None:
     return min(level, key=lambda r: (r["tokens"], -r["accuracy"]))
 
 
-def summary(pool: list, rules: list[Rule]) -> dict:
+def summary(pool: list, rules: list[Rule], fixed: dict | None = None) -> dict:
     """The pool's greedy figures, every rule's row and the one the selection rule picks."""
-    rows = table(pool, rules)
+    rows = table(pool, rules, fixed)
     greedy = [candidates(record)[0] for _, record in pool]
     right = sum(g.right for g in greedy)
     return {
@@ -379,11 +390,42 @@ def results(folder: Path) -> dict:
     return {**summary(pool, grid()), "after_sealed": table(pool, [STAGED, *after_sealed()])}
 
 
-def results_per_model(folder: Path) -> dict:
+def staged_pool(*folders: Path) -> list:
+    """The live `staged` runs in `folders` as one pool (each over different items)."""
+    pool = []
+    for folder in folders:
+        part = read_pool(folder, "deliberate_staged")
+        staged_pool_check(folder, part)
+        pool += part
+    indices = [record["index"] for _, record in pool]
+    if len(set(indices)) != len(indices):
+        raise SystemExit(f"{', '.join(map(str, folders))}: the runs share items; one pool needs different ones")
+    return pool
+
+
+def results_per_model(*folders: Path) -> dict:
     """per_model()'s rules over a live `staged` pool, the selection rule applied to them."""
-    pool = read_pool(folder, "deliberate_staged")
-    staged_pool_check(folder, pool)
-    return summary(pool, per_model())
+    return summary(staged_pool(*folders), per_model())
+
+
+def held_out(choice: Path, check: Path) -> dict:
+    """The rules chosen on one staged pool replayed on another with their thresholds fixed
+    where they were chosen: the one the selection rule picks and the most accurate within the
+    cap, beside `staged`; each also paired with `staged` on the new items."""
+    chosen = results_per_model(choice)
+    within = [r for r in chosen["rows"] if r["reads_measurements"] and r["x_greedy"] <= CAP]
+    best = min(within, key=lambda r: (-r["accuracy"], r["tokens"]))
+    names = list(dict.fromkeys([chosen["chosen"]["rule"], best["rule"]]))
+    by_name = {r.name: r for r in per_model()}
+    fixed = {r["rule"]: r["gate"] for r in chosen["rows"] if r["rule"] in names}
+    res = summary(staged_pool(check), [STAGED, *(by_name[n] for n in names)], fixed)
+    res["chosen"] = res["rows"][1]  # the choice is the one made on `choice`, not this pool's best
+    staged = res["rows"][0]["right"]
+    for r in res["rows"][1:]:
+        wins = sum(a and not b for a, b in zip(r["right"], staged, strict=True))
+        losses = sum(b and not a for a, b in zip(r["right"], staged, strict=True))
+        r["vs_staged"] = {"wins": wins, "losses": losses, "p": sign_test(wins, losses)}
+    return {**res, "choice_items": chosen["items"]}
 
 
 LENGTH = "chain length"  # fewer tokens surer: a reference beside the gate signals, not one of them
@@ -540,8 +582,8 @@ def markdown(res: dict, every: bool, where: str, top: int = 10) -> str:
     rows = sorted(res["rows"], key=lambda r: (-r["accuracy"], r["tokens"]))
     chosen = res["chosen"]
     if not every:
-        eligible = [r for r in rows if r["reads_measurements"] and r["x_greedy"] <= 2.7]
-        over = [r for r in rows if r["x_greedy"] > 2.7]
+        eligible = [r for r in rows if r["reads_measurements"] and r["x_greedy"] <= CAP]
+        over = [r for r in rows if r["x_greedy"] > CAP]
         spend = [r for r in rows if not r["reads_measurements"] and r["rule"] != STAGED.name]
         base = [r for r in rows if r["rule"] == STAGED.name]
         picked = [*base, *([chosen] if chosen else []), *eligible[:top], *over[:3], *spend[:3]]
@@ -561,6 +603,34 @@ def markdown(res: dict, every: bool, where: str, top: int = 10) -> str:
     for r in rows:
         label = f"**{r['rule']}** (chosen)" if r is chosen else f"`{r['rule']}`"
         lines.append("| " + " | ".join([*row_cells(r, label), where]) + " |")
+    return "\n".join(lines)
+
+
+def held_out_markdown(res: dict, where: str) -> str:
+    """held_out()'s rows: each threshold as it was set where the rule was chosen."""
+    head = [
+        "rule",
+        f"threshold (set on the {res['choice_items']} items it was chosen on)",
+        "accuracy [95% CI]",
+        "tokens × greedy",
+        "W/L vs greedy",
+        "p",
+        "diff [95% CI]",
+        "spent more",
+        "W/L vs staged",
+        "p vs staged",
+        "records",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " --- |" * (len(head) - 1)]
+    greedy = row_cells(res["greedy"], "greedy")
+    lines.append("| " + " | ".join([greedy[0], "", *greedy[1:], "", "", where]) + " |")
+    for r in res["rows"]:
+        label = f"**{r['rule']}** (chosen)" if r is res["chosen"] else f"`{r['rule']}`"
+        cells = row_cells(r, label)
+        threshold = "" if r["gate"] is None else f"{r['gate']:.4f}"
+        vs = r.get("vs_staged")
+        against = [f"{vs['wins']}/{vs['losses']}", f"{vs['p']:.3f}"] if vs else ["", ""]
+        lines.append("| " + " | ".join([cells[0], threshold, *cells[1:], *against, where]) + " |")
     return "\n".join(lines)
 
 

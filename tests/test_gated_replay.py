@@ -247,3 +247,54 @@ def test_a_staged_pool_must_hold_the_later_first_tokens_exactly_where_the_pair_d
     write_pool(tmp_path / "more", [{**rec, "sampler": "deliberate_staged", "candidates": four}])
     with pytest.raises(SystemExit, match="item 0 has 4 first tokens, not 1"):
         replay.staged_pool_check(tmp_path / "more", replay.read_pool(tmp_path / "more", "deliberate_staged"))
+
+
+def staged_record(index, tail, greedy_answer="7", pair_answer="12"):
+    """A staged pool's record: greedy's chain at log-probability `tail`, its pair, and the later
+    first tokens (all answering `pair_answer`) where the two disagree."""
+    rec = {**chain_record(index, greedy_answer, 40, tail), "sampler": "deliberate_staged"}
+    alt = {**rec["candidates"][0], "split": 0, "answer": pair_answer}
+    more = 1 if pair_answer == greedy_answer else 4
+    rec["candidates"] += [{**alt, "logprobs": [-0.1 - k] * 40} for k in range(more)]
+    return rec
+
+
+def test_a_threshold_carried_from_another_pool_is_used_as_it_was_set_not_re_read(tmp_path):
+    rule = next(r for r in replay.per_model() if r.name == "tail_logprob>=q0.5 then staged")
+    write_pool(tmp_path / "check", [staged_record(100, -0.25), staged_record(101, -0.35)])
+    pool = replay.staged_pool(tmp_path / "check")
+    own = replay.table(pool, [rule])[0]  # its own median stops the surer question at greedy's wrong answer
+    assert (own["gate"], own["accuracy"], own["spent_more"]) == (-0.25, 0.5, 0.5)
+    carried = replay.table(pool, [rule], fixed={rule.name: -0.2})[0]  # neither is that sure: staged on both
+    assert (carried["gate"], carried["accuracy"], carried["right"]) == (-0.2, 1.0, [True, True])
+    assert replay.table(pool, [rule], fixed={rule.name: 0.0})[0]["gate"] == 0.0  # a zero threshold is one too
+
+
+def test_the_held_out_check_replays_the_choice_at_the_thresholds_set_where_it_was_made(tmp_path):
+    tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
+    write_pool(
+        tmp_path / "choice", [staged_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)]
+    )
+    write_pool(tmp_path / "check", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails)])
+    made = replay.results_per_model(tmp_path / "choice")
+    res = replay.held_out(tmp_path / "choice", tmp_path / "check")
+    assert res["rows"][0]["rule"] == replay.STAGED.name and res["chosen"] is res["rows"][1]
+    assert res["chosen"]["rule"] == made["chosen"]["rule"] and res["choice_items"] == 6
+    set_there = {r["rule"]: r["gate"] for r in made["rows"]}
+    assert all(r["gate"] == set_there[r["rule"]] for r in res["rows"][1:])
+    staged = res["rows"][0]["right"]
+    for r in res["rows"][1:]:
+        wins = sum(a and not b for a, b in zip(r["right"], staged, strict=True))
+        assert r["vs_staged"]["wins"] == wins and r["wins"] + r["losses"] <= 6
+    table = replay.held_out_markdown(res, "docs/records/check").splitlines()
+    assert table[0].startswith("| rule | threshold (set on the 6 items it was chosen on) |")
+    assert table[2].startswith("| greedy |  | ") and "(chosen)" in table[4]
+
+
+def test_staged_pools_read_as_one_must_cover_different_items(tmp_path):
+    write_pool(tmp_path / "a", [staged_record(0, -0.1)])
+    write_pool(tmp_path / "b", [staged_record(0, -0.2), staged_record(1, -0.3)])
+    with pytest.raises(SystemExit, match="the runs share items"):
+        replay.staged_pool(tmp_path / "a", tmp_path / "b")
+    write_pool(tmp_path / "c", [staged_record(2, -0.3, greedy_answer="12")])
+    assert [rec["index"] for _, rec in replay.staged_pool(tmp_path / "a", tmp_path / "c")] == [0, 2]
