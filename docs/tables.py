@@ -36,13 +36,13 @@ from gated_replay import (  # noqa: E402
     fixable_markdown,
     held_out,
     held_out_markdown,
+    pool_records,
     ranking,
     ranking_markdown,
     results_per_model,
 )
 from gated_replay import markdown as replay_markdown  # noqa: E402
 from gated_replay import results as replay_results  # noqa: E402
-from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.data.make_builtin import generate  # noqa: E402
 from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
@@ -106,7 +106,7 @@ class Table:
 
 def from_records(folder: Path, tasks: str) -> dict:
     config = json.loads((folder / "config.json").read_text())
-    records = {(r["sampler"], r["seed"], r["index"]): r for r in packed_records(folder)}
+    records = {(r["sampler"], r["seed"], r["index"]): r for r in pool_records(folder)}
     seeds = {seed for (name, seed, _) in records if name != "greedy"} or {0}  # config.json does not keep them
     common = {
         "samplers": list(config["samplers"]),

@@ -13,7 +13,6 @@ POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts a
 
 import argparse
 import functools
-import gzip
 import itertools
 import json
 import math
@@ -23,6 +22,9 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
@@ -38,15 +40,12 @@ QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
 CAP = 2.7  # the selection rule's most tokens, as a multiple of greedy's
 
 
-@functools.cache  # the tables read one pool several ways
+@functools.cache  # the tables read one run several ways
 def pool_records(folder: Path) -> list[dict]:
-    lines = []
-    if (folder / "items.jsonl").exists():
-        lines = (folder / "items.jsonl").read_text().splitlines()
-    else:
-        for part in sorted(folder.glob("items-*.jsonl.gz")):
-            with gzip.open(part, "rt") as f:
-                lines += f.read().splitlines()
+    """A run's records: its `eval --out` folder's items.jsonl, or its docs/records/ pack."""
+    if not (folder / "items.jsonl").exists():
+        return packed_records(folder)
+    lines = (folder / "items.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
 
