@@ -558,7 +558,11 @@ def frozen(folder: Path, res: dict) -> str:
     return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
 
 
+ROW_HEAD = ["accuracy [95% CI]", "tokens × greedy", "W/L vs greedy", "p", "diff [95% CI]", "spent more"]
+
+
 def row_cells(r: dict, label: str) -> list[str]:
+    """`label` and a row's cells under ROW_HEAD."""
     lo, hi = r["interval"]
     accuracy = f"{100 * r['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
     if "diff" not in r:
@@ -587,16 +591,7 @@ def markdown(res: dict, every: bool, where: str, top: int = 10) -> str:
         base = [r for r in rows if r["rule"] == STAGED.name]
         picked = [*base, *([chosen] if chosen else []), *eligible[:top], *over[:3], *spend[:3]]
         rows = [r for i, r in enumerate(picked) if r not in picked[:i]]
-    head = [
-        "rule",
-        "accuracy [95% CI]",
-        "tokens × greedy",
-        "W/L vs greedy",
-        "p",
-        "diff [95% CI]",
-        "spent more",
-        "records",
-    ]
+    head = ["rule", *ROW_HEAD, "records"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " --- |" * (len(head) - 1)]
     lines.append("| " + " | ".join([*row_cells(res["greedy"], "greedy"), where]) + " |")
     for r in rows:
@@ -610,12 +605,7 @@ def held_out_markdown(res: dict, where: str) -> str:
     head = [
         "rule",
         f"threshold (set on the {res['choice_items']} items it was chosen on)",
-        "accuracy [95% CI]",
-        "tokens × greedy",
-        "W/L vs greedy",
-        "p",
-        "diff [95% CI]",
-        "spent more",
+        *ROW_HEAD,
         "W/L vs staged",
         "p vs staged",
         "records",
