@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_records import packed_records  # noqa: E402
 
 from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
+from entropix_mlx.eval.report import format_p  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
@@ -573,7 +574,7 @@ def row_cells(r: dict, label: str) -> list[str]:
         accuracy,
         f"{r['x_greedy']:.2f}",
         f"{r['wins']}/{r['losses']}",
-        f"{r['p']:.3f}",
+        format_p(r["p"]),
         f"{100 * d:+.1f} [{100 * dlo:+.1f}, {100 * dhi:+.1f}]",
         f"{100 * r['spent_more']:.0f}%",
     ]
@@ -618,7 +619,7 @@ def held_out_markdown(res: dict, where: str) -> str:
         cells = row_cells(r, label)
         threshold = "" if r["gate"] is None else f"{r['gate']:.4f}"
         vs = r.get("vs_staged")
-        against = [f"{vs['wins']}/{vs['losses']}", f"{vs['p']:.3f}"] if vs else ["", ""]
+        against = [f"{vs['wins']}/{vs['losses']}", format_p(vs["p"])] if vs else ["", ""]
         lines.append("| " + " | ".join([cells[0], threshold, *cells[1:], *against, where]) + " |")
     return "\n".join(lines)
 
