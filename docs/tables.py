@@ -253,7 +253,7 @@ def read_by_kind(table: Table) -> dict | None:
     if table.kind.startswith("replay-per-model"):  # per_model()'s rules over live staged pools as one
         return per_model_once(*(ROOT / s.path for s in table.sources))
     if table.kind == "held-out":  # the rules chosen on the first pool, replayed on the second
-        return held_out(folder, ROOT / table.sources[1].path)
+        return held_out(per_model_once(folder), ROOT / table.sources[1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):

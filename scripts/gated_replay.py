@@ -29,7 +29,7 @@ from run_records import packed_records  # noqa: E402
 from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
 from entropix_mlx.eval.report import format_p  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
-from entropix_mlx.eval.stats import paired_difference, sign_test, wilson_interval  # noqa: E402
+from entropix_mlx.eval.stats import paired_comparison, paired_difference, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
 from entropix_mlx.sampling.answers import _numbers  # noqa: E402
 from entropix_mlx.sampling.deliberate_config import REASONING_TABLE, DeliberateConfig  # noqa: E402
@@ -332,8 +332,7 @@ def table(pool: list, rules: list[Rule], fixed: dict | None = None) -> list[dict
         outcomes = [replay(rule, c, gate) for _, c in items]
         right = {i: float(o["right"]) for i, o in enumerate(outcomes)}
         n, k = len(outcomes), sum(right.values())
-        wins = sum(right[i] > greedy_right[i] for i in right)
-        losses = sum(right[i] < greedy_right[i] for i in right)
+        vs = paired_comparison(right, greedy_right)
         diff = paired_difference(right, greedy_right)
         tokens = sum(o["tokens"] for o in outcomes) / n
         rows.append(
@@ -346,9 +345,9 @@ def table(pool: list, rules: list[Rule], fixed: dict | None = None) -> list[dict
                 "x_greedy": tokens / greedy_tokens,
                 "rerun_rows": sum(o["rerun"] for o in outcomes) / n,
                 "spent_more": sum(o["spent_more"] for o in outcomes) / n,
-                "wins": wins,
-                "losses": losses,
-                "p": sign_test(wins, losses),
+                "wins": vs["wins"],
+                "losses": vs["losses"],
+                "p": vs["p_value"],
                 "diff": diff,
                 "deliberate": live_fields(rule, gate),
                 "gate": gate,
@@ -408,11 +407,11 @@ def results_per_model(*folders: Path) -> dict:
     return summary(staged_pool(*folders), per_model())
 
 
-def held_out(choice: Path, check: Path) -> dict:
-    """The rules chosen on one staged pool replayed on another with their thresholds fixed
-    where they were chosen: the one the selection rule picks and the most accurate within the
-    cap, beside `staged`; each also paired with `staged` on the new items."""
-    chosen = results_per_model(choice)
+def held_out(chosen: dict, check: Path) -> dict:
+    """The rules chosen on one staged pool (`chosen`: its results_per_model()) replayed on
+    another with their thresholds fixed where they were chosen: the one the selection rule
+    picks and the most accurate within the cap, beside `staged`; each also paired with
+    `staged` on the new items."""
     within = [r for r in chosen["rows"] if r["reads_measurements"] and r["x_greedy"] <= CAP]
     best = min(within, key=lambda r: (-r["accuracy"], r["tokens"]))
     names = list(dict.fromkeys([chosen["chosen"]["rule"], best["rule"]]))
@@ -420,11 +419,9 @@ def held_out(choice: Path, check: Path) -> dict:
     fixed = {r["rule"]: r["gate"] for r in chosen["rows"] if r["rule"] in names}
     res = summary(staged_pool(check), [STAGED, *(by_name[n] for n in names)], fixed)
     res["chosen"] = res["rows"][1]  # the choice is the one made on `choice`, not this pool's best
-    staged = res["rows"][0]["right"]
+    staged = dict(enumerate(res["rows"][0]["right"]))
     for r in res["rows"][1:]:
-        wins = sum(a and not b for a, b in zip(r["right"], staged, strict=True))
-        losses = sum(b and not a for a, b in zip(r["right"], staged, strict=True))
-        r["vs_staged"] = {"wins": wins, "losses": losses, "p": sign_test(wins, losses)}
+        r["vs_staged"] = paired_comparison(dict(enumerate(r["right"])), staged)
     return {**res, "choice_items": chosen["items"]}
 
 
@@ -619,7 +616,7 @@ def held_out_markdown(res: dict, where: str) -> str:
         cells = row_cells(r, label)
         threshold = "" if r["gate"] is None else f"{r['gate']:.4f}"
         vs = r.get("vs_staged")
-        against = [f"{vs['wins']}/{vs['losses']}", format_p(vs["p"])] if vs else ["", ""]
+        against = [f"{vs['wins']}/{vs['losses']}", format_p(vs["p_value"])] if vs else ["", ""]
         lines.append("| " + " | ".join([cells[0], threshold, *cells[1:], *against, where]) + " |")
     return "\n".join(lines)
 

@@ -277,7 +277,7 @@ def test_the_held_out_check_replays_the_choice_at_the_thresholds_set_where_it_wa
     )
     write_pool(tmp_path / "check", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails)])
     made = replay.results_per_model(tmp_path / "choice")
-    res = replay.held_out(tmp_path / "choice", tmp_path / "check")
+    res = replay.held_out(made, tmp_path / "check")
     assert res["rows"][0]["rule"] == replay.STAGED.name and res["chosen"] is res["rows"][1]
     assert res["chosen"]["rule"] == made["chosen"]["rule"] and res["choice_items"] == 6
     set_there = {r["rule"]: r["gate"] for r in made["rows"]}
