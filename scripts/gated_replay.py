@@ -146,13 +146,14 @@ class Rule:
     quantile: float  # share of questions that stop at greedy (from the dev quantile of the signal)
     firsts: int  # first-token alternatives an unsure question adds
     insides: int  # branches inside the chain it adds
-    staged: bool  # the second half only when the first half disagrees with greedy
+    staged: bool  # the rest only when the first stage disagrees with greedy
     online_stop: bool  # DeepConf online: stop a candidate whose running confidence falls below greedy's lowest group
     disagreement_only: bool = False  # the `staged` baseline's own rule
     # the `staged` baseline's first pair, always, and its second stage when the pair disagrees
     # "and" / "or" the gate finds the chain unsure, or (PAIR_READS) when it disagrees and the
     # pair itself reads as contested: tried after the sealed scoring
     second_stage: str = ""
+    first_stage: int = 0  # how many candidates the first stage starts (0: half)
 
 
 # What a pair rule reads: the alternative chain's own signal ("alt"), or that less greedy's ("gap");
@@ -188,8 +189,6 @@ def pair_value(rule: Rule, cands: list[Cand]) -> float:
 def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
     g = cands[0]
     spent, rerun = g.own, 0
-    if rule.second_stage == THEN_STAGED and gates.sure(g.ended, signals(g)[rule.signal], gate):
-        return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False, "answer": g.answer}
     if rule.disagreement_only or rule.second_stage:
         first = [g, *pick(cands, 1, 0)]
         spent += sum(c.own for c in first[1:])
@@ -209,7 +208,7 @@ def replay(rule: Rule, cands: list[Cand], gate: float | None) -> dict:
         return {"right": right, "tokens": spent, "rerun": rerun, "spent_more": len(chosen) > 1, "answer": answer}
     if rule.signal is not None and gates.sure(g.ended, signals(g)[rule.signal], gate):
         return {"right": g.right, "tokens": spent, "rerun": 0, "spent_more": False, "answer": g.answer, "voters": [g]}
-    stages = gates.stages(pick(cands, rule.firsts, rule.insides), rule.staged)
+    stages = gates.stages(pick(cands, rule.firsts, rule.insides), rule.staged, rule.first_stage)
     floor = signals(g)["lowest_group"] if rule.online_stop else None  # the greedy chain's weakest window
     voters = [g]
     for n, stage in enumerate(stages):
@@ -266,8 +265,9 @@ def per_model() -> list[Rule]:
     scorings, its gates at its own quantiles): the baseline; the gate in front of it; the gate
     in front of one first-token alternative; and the after-sealed families that run the pair
     always and decide its second stage ("or" would need second stages the pool never ran)."""
+    # `staged` behind the gate: an unsure question's likeliest other first token, then three more
     front = [
-        Rule(f"{s}>=q{q:g} then staged", s, q, 4, 0, True, False, second_stage=THEN_STAGED)
+        Rule(f"{s}>=q{q:g} {THEN_STAGED}", s, q, 4, 0, True, False, first_stage=1)
         for s, q in itertools.product(SIGNALS, QUANTILES)
     ]
     one = [
@@ -303,6 +303,7 @@ def live_fields(rule: Rule, gate: float | None) -> dict | None:
         "gate_first_alternatives": rule.firsts,
         "gate_branches": rule.insides,
         "gate_staged": rule.staged,
+        "first_stage": rule.first_stage,
         "running_stop": rule.online_stop,
     }
 
@@ -545,7 +546,7 @@ def frozen(folder: Path, res: dict) -> str:
     """The shipped reasoning setting (entropix_mlx/data/deliberate_reasoning.toml): every
     field of the pool's [deliberate] table (its pool.toml) with the chosen rule's gate."""
     chosen = res["chosen"]
-    config = DeliberateConfig(**read_toml(folder / "pool.toml")["deliberate"], **chosen["deliberate"])
+    config = DeliberateConfig(**{**read_toml(folder / "pool.toml")["deliberate"], **chosen["deliberate"]})
     head = [
         "# Frozen before the sealed scoring: the dev pool's [deliberate] table",
         "# (docs/records/dev_q05_wide/pool.toml) with the gate of the rule that the selection rule of",

@@ -85,20 +85,21 @@ def test_the_chains_both_end_and_run_into_the_limit(pool):
 
 
 RULES = [
-    ("lowest_group", 2, 2, True, True),
-    ("answer_margin", 1, 1, False, False),
-    ("tail_logprob", 0, 3, False, True),
-    ("calm_tokens", 4, 0, True, False),
-    ("calm_varentropy", 2, 0, False, False),
-    ("head_agreement", 1, 2, True, True),
-    ("lowest_group", 4, 3, False, True),
-    (None, 1, 2, True, False),
+    ("lowest_group", 2, 2, True, True, 0),
+    ("answer_margin", 1, 1, False, False, 0),
+    ("tail_logprob", 0, 3, False, True, 0),
+    ("calm_tokens", 4, 0, True, False, 0),
+    ("calm_varentropy", 2, 0, False, False, 0),
+    ("head_agreement", 1, 2, True, True, 0),
+    ("lowest_group", 4, 3, False, True, 0),
+    (None, 1, 2, True, False, 0),
+    ("tail_logprob", 4, 0, True, False, 1),  # `staged` behind the gate: one first token, then three
 ]
 
 
-@pytest.mark.parametrize("signal,firsts,insides,staged,online", RULES)
+@pytest.mark.parametrize("signal,firsts,insides,staged,online,first_stage", RULES)
 def test_live_gated_run_is_the_replay_of_its_rule(
-    model, tiny_tokenizer, requests, pool, signal, firsts, insides, staged, online
+    model, tiny_tokenizer, requests, pool, signal, firsts, insides, staged, online, first_stage
 ):
     threshold = None  # "never stop": always spend
     if signal is not None:
@@ -109,7 +110,7 @@ def test_live_gated_run_is_the_replay_of_its_rule(
         k = len(values) // 2
         assert values[k - 1] < values[k]
         threshold = (values[k - 1] + values[k]) / 2
-    rule = replay.Rule("r", signal, 0.5, firsts, insides, staged, online)
+    rule = replay.Rule("r", signal, 0.5, firsts, insides, staged, online, first_stage=first_stage)
     # The fields the replay gives for its rule, over the pool's own table, run it live.
     config = POOL.replace(**replay.live_fields(rule, threshold))
     live = run(model, tiny_tokenizer, requests, config)
@@ -122,6 +123,29 @@ def test_live_gated_run_is_the_replay_of_its_rule(
         assert mine == sorted((c.split, c.own, str(c.answer)) for c in want["voters"])
         spent.append(len(d.candidates) > 1)
     assert any(spent) and (signal is None or not all(spent))
+
+
+def test_the_first_stage_holds_half_the_added_candidates_or_as_many_as_set():
+    four = ["f1", "f2", "f3", "b1"]
+    assert gate.stages(four, staged=False, first=1) == [four]
+    assert gate.stages(four, staged=True) == [["f1", "f2"], ["f3", "b1"]]
+    assert gate.stages(four, staged=True, first=1) == [["f1"], ["f2", "f3", "b1"]]
+    assert gate.stages(four, staged=True, first=4) == [four]  # nothing left for a second stage
+    assert gate.stages(["f1"], staged=True) == [["f1"]]
+
+
+def test_a_first_stage_of_one_stops_where_the_pair_ends_on_one_answer(model, tiny_tokenizer, requests):
+    config = gated(gate_signal="lowest_group", gate_threshold=1.0, gate_first_alternatives=4, gate_staged=True)
+    config = config.replace(first_stage=1)
+    counts = {}
+    for name, answer in (("same", lambda i, text: "same"), ("own", lambda i, text: text)):
+        out = deliberate_batch(model, tiny_tokenizer, requests, config, answer, batch_size=len(requests))
+        counts[name] = {i: [c.finish_reason != "length" for c in d.candidates] for i, d, _ in out}
+    for ended in counts["same"].values():
+        # the pair settles the answer when both ended; otherwise the other three start
+        assert len(ended) == (2 if all(ended[:2]) else 5)
+    assert any(len(e) == 2 for e in counts["same"].values()) and any(len(e) == 5 for e in counts["same"].values())
+    assert all(len(e) == 5 for e in counts["own"].values())  # every chain's text differs
 
 
 def test_a_gate_above_every_signal_always_spends(model, tiny_tokenizer, requests):
@@ -233,7 +257,7 @@ def test_a_gated_run_does_not_depend_on_the_batch_size(model, tiny_tokenizer, re
         running_stop=True,
     )
     wide = run(model, tiny_tokenizer, requests, config)
-    unread = run(model, tiny_tokenizer, requests, config.replace(stop_share=1.0, first_stage=1, first_alternatives=9))
+    unread = run(model, tiny_tokenizer, requests, config.replace(stop_share=1.0, first_alternatives=9))
     assert [[c.tokens for c in d.candidates] for d in unread.values()] == [
         [c.tokens for c in d.candidates] for d in wide.values()
     ]

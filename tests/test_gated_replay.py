@@ -228,13 +228,20 @@ def test_the_fixable_table_splits_the_questions_at_the_gate_and_counts_what_stag
 def test_a_gate_in_front_of_staged_keeps_greedy_when_sure_and_runs_staged_whole_when_not():
     cands = split_pair()
     cands[0].signals = {"lowest_group": -0.2}
-    rule = next(r for r in replay.per_model() if r.second_stage == replay.THEN_STAGED and r.signal == "lowest_group")
+    rule = next(r for r in replay.per_model() if r.name == "lowest_group>=q0.5 then staged")
     sure = replay.replay(rule, cands, -0.3)
     assert (sure["tokens"], sure["right"], sure["spent_more"]) == (10, False, False)
     unsure = replay.replay(rule, cands, -0.1)  # greedy, its pair, which disagree, then the later first tokens
     assert (unsure["tokens"], unsure["right"]) == (40, True)
-    assert unsure == replay.replay(replay.STAGED, cands, None)
-    assert replay.live_fields(rule, -0.1) is None
+    staged = replay.replay(replay.STAGED, cands, None)
+    assert (unsure["tokens"], unsure["answer"]) == (staged["tokens"], staged["answer"])
+    # the pair started after the greedy chain ended: its prompt runs again too
+    assert (unsure["rerun"], staged["rerun"]) == (3, 2)
+    agree = [cands[0], cand("first", 0, 1, False)]
+    assert replay.replay(rule, agree, -0.1)["tokens"] == 20  # a pair that agrees stops there
+    # live it is the gated path with a first stage of one
+    fields = replay.live_fields(rule, -0.1)
+    assert (fields["gate_first_alternatives"], fields["gate_staged"], fields["first_stage"]) == (4, True, 1)
     assert not any(r.second_stage == "or" for r in replay.per_model())  # a staged pool never ran those
 
 

@@ -4,9 +4,10 @@ functions the offline replay reads a pool with) decide whether its answer stands
 If not, the candidates the rule adds start as new requests of the same index
 (`follow_up`): a first-token alternative from the prompt, a branch at step p from
 the prompt and the chain's first p tokens, each taking its token first and then
-going on greedily. With `gate_staged` the second half starts only when the first
-half has not settled the answer; with `running_stop` a candidate ends itself once
-its confidence falls below the chain's weakest stretch, and does not vote."""
+going on greedily. With `gate_staged` the rest start only when the first stage
+(`first_stage` of them, or half) has not settled the answer; with `running_stop`
+a candidate ends itself once its confidence falls below the chain's weakest
+stretch, and does not vote."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,7 +70,9 @@ def gated_stages(config: DeliberateConfig, requests, candidate, make_branch, lat
             if not extra:
                 return []
             floor = min(gate.windows(greedy.logprobs, config.group_tokens)) if config.running_stop else None
-            s = running[index] = _Open(result, gate.stages(extra, config.gate_staged), floor, [greedy])
+            s = running[index] = _Open(
+                result, gate.stages(extra, config.gate_staged, config.first_stage), floor, [greedy]
+            )
         else:
             adopt(s.root, result, len(r.prompt))
             c = candidate(index, result)

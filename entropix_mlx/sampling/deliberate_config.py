@@ -84,8 +84,8 @@ class DeliberateConfig(Settings):
     # and it ended before the limit. Otherwise `gate_first_alternatives` first-token
     # alternatives and `gate_branches` branches inside the chain (where the branch_*
     # thresholds would branch, in order) start from the prompt, in two stages with
-    # `gate_staged` (the second half only if the first disagrees with greedy).
-    # first_alternatives, max_branch_points, first_stage and stop_share are not read.
+    # `gate_staged` (the rest only if the first `first_stage` of them, 0: half, disagree
+    # with greedy). first_alternatives, max_branch_points and stop_share are not read.
     gate_signal: str = ""
     gate_threshold: float = 0.0
     gate_first_alternatives: int = 0

@@ -53,12 +53,12 @@ def below(window: list, floor: float, width: int = WINDOW) -> bool:
     return sum(window) / width < floor
 
 
-def stages(extra: list, staged: bool) -> list[list]:
+def stages(extra: list, staged: bool, first: int = 0) -> list[list]:
     """The candidates an unsure question adds, in the stages they start in: all at
-    once, or (`staged`) the second half only when the first half disagrees."""
-    if staged and len(extra) > 1:
-        half = max(1, len(extra) // 2)
-        return [extra[:half], extra[half:]]
+    once, or (`staged`) the rest only when the `first` (0: half) disagree."""
+    first = first or max(1, len(extra) // 2)
+    if staged and len(extra) > first:
+        return [extra[:first], extra[first:]]
     return [extra]
 
 
