@@ -95,7 +95,7 @@ class Table:
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
     # "replay-per-model" / "-all": the rules live staged pools (as one) replay at their model's own quantiles;
-    # "held-out": the rules chosen on the first source's pool, their thresholds fixed, on the second's;
+    # "held-out": the rules chosen on the first sources' pool (as one), their thresholds fixed, on the last's;
     # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
     # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
@@ -252,8 +252,8 @@ def read_by_kind(table: Table) -> dict | None:
         return code_results(table)
     if table.kind.startswith("replay-per-model"):  # per_model()'s rules over live staged pools as one
         return per_model_once(*(ROOT / s.path for s in table.sources))
-    if table.kind == "held-out":  # the rules chosen on the first pool, replayed on the second
-        return held_out(per_model_once(folder), ROOT / table.sources[1].path)
+    if table.kind == "held-out":  # the rules chosen on the first pools, replayed on the last
+        return held_out(per_model_once(*(ROOT / s.path for s in table.sources[:-1])), ROOT / table.sources[-1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
@@ -350,7 +350,7 @@ def markdown(table: Table, results: dict) -> str:
     if table.kind == "fixable":
         return fixable_markdown(results["pools"])
     if table.kind == "held-out":
-        return held_out_markdown(results, where=table.sources[1].path)
+        return held_out_markdown(results, where=table.sources[-1].path)
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
             results = {**results, "rows": results["after_sealed"], "chosen": None}

@@ -7,8 +7,10 @@ so, and takes a CISC vote. A candidate's tokens are exactly the pool's: a branch
 greedily from a prefix is the same whether it started during the greedy chain or after it.
 
     python scripts/gated_replay.py POOL_DIR [--json OUT.json] [--freeze SETTING.toml]
+    python scripts/gated_replay.py --per-model STAGED_DIR... [--json OUT.json] [--freeze SETTING.toml]
 
-POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read).
+POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read); with
+--per-model, live `deliberate_staged` runs over different items, read as one pool.
 """
 
 import argparse
@@ -557,6 +559,27 @@ def frozen(folder: Path, res: dict) -> str:
     return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
 
 
+def next_freeze(folders: tuple[Path, ...], res: dict) -> str:
+    """A candidate for the next freeze, not scored: the staged pools' own `deliberate_staged`
+    table with the gate of the rule the selection rule chose over them, as the [deliberate]
+    table that `--config` runs (a card's [deliberate_reasoning] once frozen)."""
+    configs = [json.loads((f / "config.json").read_text()) for f in folders]
+    if any(c["model"] != configs[0]["model"] or c["samplers"] != configs[0]["samplers"] for c in configs):
+        raise SystemExit(f"{', '.join(map(str, folders))}: the runs' models or settings differ")
+    chosen = res["chosen"]
+    config = DeliberateConfig(**{**configs[0]["samplers"]["deliberate_staged"], **chosen["deliberate"]})
+    head = [
+        "# A candidate for the next freeze, not scored: the `deliberate_staged` table of the staged dev",
+        f"# pools of {configs[0]['model']} ({', '.join(f.name for f in folders)}) with the gate of the",
+        f"# rule that the selection rule of docs/gated-deliberate.md chose on their {res['items']} items:",
+        f"# {chosen['rule']}.",
+        "# Written by scripts/gated_replay.py --per-model --freeze from the committed records; a test",
+        "# holds it to them. Run it: entropix-mlx run --reasoning --sampler deliberate --config THIS_FILE",
+        "[deliberate]",
+    ]
+    return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
+
+
 ROW_HEAD = ["accuracy [95% CI]", "tokens × greedy", "W/L vs greedy", "p", "diff [95% CI]", "spent more"]
 
 
@@ -624,14 +647,22 @@ def held_out_markdown(res: dict, where: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pool", type=Path)
+    parser.add_argument("pool", type=Path, nargs="+")
+    parser.add_argument("--per-model", action="store_true", help="the pools are live staged runs, read as one")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--freeze", type=Path, help="write the chosen rule's shipped reasoning setting here")
+    parser.add_argument("--freeze", type=Path, help="write the chosen rule's reasoning setting here")
     args = parser.parse_args()
-    pool = read_pool(args.pool)
-    rows = table(pool, grid())
-    chosen = choose(rows)
+    if args.per_model:
+        pool = staged_pool(*args.pool)
+        res = summary(pool, per_model())
+        rows, chosen = res["rows"], res["chosen"]
+    else:
+        if len(args.pool) > 1:
+            parser.error("one wide pool, or --per-model for live staged runs")
+        pool = read_pool(args.pool[0])
+        rows = table(pool, grid())
+        chosen = choose(rows)
     if args.json:
         args.json.write_text(json.dumps({"items": len(pool), "rows": rows, "chosen": chosen}, indent=1) + "\n")
     greedy = sum(c[0].right for c in (candidates(r) for _, r in pool)) / len(pool)
@@ -641,13 +672,13 @@ def main() -> int:
         mark = "*" if r is chosen else " "
         print(
             f"{mark} {100 * r['accuracy']:5.1f}%  {r['x_greedy']:4.2f}x  W/L {r['wins']:>2}/{r['losses']:<2} "
-            f"p {r['p']:.3f}  {r['rule']}"
+            f"p {format_p(r['p'])}  {r['rule']}"
         )
     if chosen:
         print(f"  chosen, live: the pool's [deliberate] table with {chosen['deliberate']}")
     if args.freeze and chosen:
         res = {"items": len(pool), "chosen": chosen}
-        args.freeze.write_text(frozen(args.pool, res))
+        args.freeze.write_text(next_freeze(tuple(args.pool), res) if args.per_model else frozen(args.pool[0], res))
         print(f"  frozen: {args.freeze}")
     base = next(r for r in rows if r["rule"] == STAGED.name)
     print(f"  baseline {100 * base['accuracy']:5.1f}%  {base['x_greedy']:4.2f}x  W/L {base['wins']}/{base['losses']}")

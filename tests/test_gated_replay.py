@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,27 @@ def test_staged_pools_read_as_one_must_cover_different_items(tmp_path):
         replay.staged_pool(tmp_path / "a", tmp_path / "b")
     write_pool(tmp_path / "c", [staged_record(2, -0.3, greedy_answer="12")])
     assert [rec["index"] for _, rec in replay.staged_pool(tmp_path / "a", tmp_path / "c")] == [0, 2]
+
+
+def test_a_candidate_for_the_next_freeze_is_the_pools_staged_table_with_the_chosen_gate(tmp_path):
+    from entropix_mlx.sampling.deliberate_config import STAGED, DeliberateConfig
+
+    staged = DeliberateConfig(branch_entropy=1.5, **STAGED).to_dict()
+    tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
+    for name, part in (("a", tails[:3]), ("b", tails[3:])):
+        offset = 0 if name == "a" else 3
+        write_pool(tmp_path / name, [staged_record(offset + i, t, pair_answer="7") for i, t in enumerate(part)])
+        config = {"model": "m", "samplers": {"greedy": {}, "deliberate_staged": staged}}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    folders = (tmp_path / "a", tmp_path / "b")
+    res = replay.summary(replay.staged_pool(*folders), replay.per_model())
+    text = replay.next_freeze(folders, res)
+    assert "not scored" in text.splitlines()[0] and f"# {res['chosen']['rule']}." in text
+    setting = DeliberateConfig(**tomllib.loads(text)["deliberate"])
+    assert setting.branch_entropy == 1.5 and setting.first_stage == 1  # the pools' own table
+    rule = next(r for r in replay.per_model() if r.name == res["chosen"]["rule"])
+    assert (setting.gate_signal, setting.gate_threshold) == (rule.signal, res["chosen"]["gate"])
+    other = {"model": "m", "samplers": {"greedy": {}, "deliberate_staged": {**staged, "budget": 5.0}}}
+    (tmp_path / "b" / "config.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="settings differ"):
+        replay.next_freeze(folders, res)
