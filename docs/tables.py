@@ -36,6 +36,8 @@ from gated_replay import (  # noqa: E402
     fixable_markdown,
     held_out,
     held_out_markdown,
+    live_against_replay,
+    live_markdown,
     pool_records,
     ranking,
     ranking_markdown,
@@ -96,6 +98,7 @@ class Table:
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
     # "replay-per-model" / "-all": the rules live staged pools (as one) replay at their model's own quantiles;
     # "held-out": the rules chosen on the first sources' pool (as one), their thresholds fixed, on the last's;
+    # "live-replay": a gated setting run live (the first source) against its replay from a staged pool (the second);
     # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
     # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
     # "speed", "speed-readme", "speed-schema": `bench --json` runs, quiet and busy; "pairs": rows against rows
@@ -254,6 +257,8 @@ def read_by_kind(table: Table) -> dict | None:
         return per_model_once(*(ROOT / s.path for s in table.sources))
     if table.kind == "held-out":  # the rules chosen on the first pools, replayed on the last
         return held_out(per_model_once(*(ROOT / s.path for s in table.sources[:-1])), ROOT / table.sources[-1].path)
+    if table.kind == "live-replay":
+        return live_against_replay(folder, ROOT / table.sources[1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
@@ -351,6 +356,8 @@ def markdown(table: Table, results: dict) -> str:
         return fixable_markdown(results["pools"])
     if table.kind == "held-out":
         return held_out_markdown(results, where=table.sources[-1].path)
+    if table.kind == "live-replay":
+        return live_markdown(results, where=", ".join(s.path for s in table.sources))
     if table.kind.startswith("replay"):
         if table.kind == "replay-after-sealed":
             results = {**results, "rows": results["after_sealed"], "chosen": None}

@@ -428,6 +428,53 @@ def held_out(chosen: dict, check: Path) -> dict:
     return {**res, "choice_items": chosen["items"]}
 
 
+def live_against_replay(live: Path, pool: Path) -> dict:
+    """A gated setting run live (`eval --samplers deliberate --config SETTING`) beside its
+    replay from a staged pool over the same items: the rule its config.json names, at its
+    threshold. The live greedy chain decodes alone, the pool's beside its pair, so they agree
+    to rounding only: counted, not assumed."""
+    setting = json.loads((live / "config.json").read_text())["samplers"]["deliberate"]
+    rule = Rule(
+        "live",
+        setting["gate_signal"],
+        0.0,
+        setting["gate_first_alternatives"],
+        setting["gate_branches"],
+        setting["gate_staged"],
+        setting["running_stop"],
+        first_stage=setting["first_stage"],
+    )
+    runs = {r["index"]: r for r in pool_records(live) if r["sampler"] == "deliberate"}
+    replays = {rec["index"]: candidates(rec) for _, rec in read_pool(pool, "deliberate_staged")}
+    items = sorted(set(runs) & set(replays))
+    pairs = [(runs[i], replay(rule, replays[i], setting["gate_threshold"])) for i in items]
+    return {
+        "items": len(items),
+        "spent_more": (sum(len(r["candidates"]) > 1 for r, _ in pairs), sum(w["spent_more"] for _, w in pairs)),
+        "right": (sum(bool(r["correct"]) for r, _ in pairs), sum(bool(w["right"]) for _, w in pairs)),
+        "same_answer": sum(answer_of(r) == w["answer"] for r, w in pairs),
+        "same_tokens": sum(r["tokens_spent"] == w["tokens"] for r, w in pairs),
+        "tokens": (sum(r["tokens_spent"] for r, _ in pairs), sum(w["tokens"] for _, w in pairs)),
+    }
+
+
+def answer_of(record: dict) -> Fraction | None:
+    return None if record["extracted"] is None else parse_number(record["extracted"])
+
+
+def live_markdown(res: dict, where: str) -> str:
+    head = ["items", "spent more (live / replay)", "right (live / replay)", "same answer", "same tokens spent"]
+    cells = [
+        str(res["items"]),
+        "{} / {}".format(*res["spent_more"]),
+        "{} / {}".format(*res["right"]),
+        f"{res['same_answer']} of {res['items']}",
+        f"{res['same_tokens']} of {res['items']} ({res['tokens'][0]:,} / {res['tokens'][1]:,} in all)",
+    ]
+    lines = ["| " + " | ".join([*head, "records"]) + " |", "| --- |" + " --- |" * len(head)]
+    return "\n".join([*lines, "| " + " | ".join([*cells, where]) + " |"])
+
+
 LENGTH = "chain length"  # fewer tokens surer: a reference beside the gate signals, not one of them
 
 

@@ -330,3 +330,44 @@ def test_a_candidate_for_the_next_freeze_is_the_pools_staged_table_with_the_chos
     (tmp_path / "b" / "config.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="settings differ"):
         replay.next_freeze(folders, res)
+
+
+def test_a_live_run_is_counted_against_its_replay_item_by_item(tmp_path):
+    # Greedy answers 7 (wrong); its pair answers 12 and disagrees, so the three more start: 5 x 40 tokens.
+    write_pool(tmp_path / "pool", [staged_record(0, -0.5), staged_record(1, -0.01), staged_record(2, -0.5)])
+    setting = {
+        "gate_signal": "tail_logprob",
+        "gate_threshold": -0.1,
+        "gate_first_alternatives": 4,
+        "gate_branches": 0,
+        "gate_staged": True,
+        "first_stage": 1,
+        "running_stop": False,
+    }
+    live = [
+        {"index": 0, "sampler": "deliberate", "extracted": "12", "correct": True, "tokens_spent": 200},
+        {"index": 1, "sampler": "deliberate", "extracted": "7", "correct": False, "tokens_spent": 40},
+        {
+            "index": 2,
+            "sampler": "deliberate",
+            "extracted": "7",
+            "correct": False,
+            "tokens_spent": 80,
+        },  # not as replayed
+        {
+            "index": 9,
+            "sampler": "deliberate",
+            "extracted": "7",
+            "correct": False,
+            "tokens_spent": 40,
+        },  # not in the pool
+    ]
+    live[0]["candidates"] = [{}] * 5
+    live[1]["candidates"] = [{}]
+    live[2]["candidates"] = [{}] * 2
+    write_pool(tmp_path / "live", live)
+    (tmp_path / "live" / "config.json").write_text(json.dumps({"samplers": {"deliberate": setting}}))
+    res = replay.live_against_replay(tmp_path / "live", tmp_path / "pool")
+    assert res["items"] == 3 and res["spent_more"] == (2, 2) and res["right"] == (1, 2)
+    assert (res["same_answer"], res["same_tokens"], res["tokens"]) == (2, 2, (320, 440))
+    assert "| 3 | 2 / 2 | 1 / 2 | 2 of 3 | 2 of 3 (320 / 440 in all) | x |" in replay.live_markdown(res, "x")
