@@ -476,6 +476,8 @@ DEV_Q15 = Source("docs/records/dev_q15")
 SEALED_Q15 = Source("docs/records/sealed_q15")
 STAGED_Q15 = Source("docs/records/dev_q15_staged")
 STAGED_Q15_B = Source("docs/records/dev_q15_staged_b")  # the next 100 items: a held-out check
+STAGED_Q15_C = Source("docs/records/dev_q15_staged_c")  # the 100 after: a second one
+LIVE_Q15 = Source("docs/records/live_q15_gate")  # the rule chosen on 0-199, live on 200-215
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -572,6 +574,7 @@ TABLES = {
             Source(DEV_Q15.path, label="1.5B dev (train 0-99)", sampler="deliberate"),
             Source(SEALED_Q15.path, label="1.5B sealed", sampler="deliberate"),
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
+            Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
         ],
         [],
         kind="ranking",
@@ -582,6 +585,7 @@ TABLES = {
             Source(SEALED_Q05.path, label="0.5B sealed", sampler="deliberate_staged"),
             Source(STAGED_Q15.path, label="1.5B dev (train 0-99)", sampler="deliberate_staged"),
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
+            Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
         ],
         [],
         kind="fixable",
@@ -601,6 +605,16 @@ TABLES = {
     "gated-held-out-q15": Table([STAGED_Q15, STAGED_Q15_B], [], kind="held-out"),
     "gated-rules-q15-200": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model"),
     "gated-rules-q15-200-all": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model-all"),
+    "gated-live-q15": Table([LIVE_Q15, STAGED_Q15_C], [], kind="live-replay"),
+    "staged-q15-c": Table(
+        [STAGED_Q15_C],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
+    ),
+    "gated-held-out-q15-c": Table([STAGED_Q15, STAGED_Q15_C], [], kind="held-out"),
+    "gated-held-out-q15-c200": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="held-out"),
+    "gated-rules-q15-300": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model"),
+    "gated-rules-q15-300-all": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model-all"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],

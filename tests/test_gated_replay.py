@@ -74,6 +74,12 @@ def test_the_shipped_reasoning_setting_is_the_rule_chosen_on_the_committed_pool(
     assert setting.gate_signal and set(shipped_reasoning()) == set(setting.to_dict())
 
 
+def test_the_1_5b_candidate_for_the_next_freeze_is_the_rule_chosen_on_its_committed_pools():
+    folders = tuple(ROOT / "docs" / "records" / n for n in ("dev_q15_staged", "dev_q15_staged_b", "dev_q15_staged_c"))
+    candidate = ROOT / "docs" / "next-freeze-q15.toml"
+    assert candidate.read_text() == replay.next_freeze(folders, replay.results_per_model(*folders))
+
+
 def cand(kind, order, answer, right, own=10):
     return replay.Cand(kind, order, 0, answer, right, True, own, [-0.1] * own, {}, 0.9)
 
