@@ -78,11 +78,15 @@ class Cand:
     values: frozenset = frozenset()  # every number its text writes
 
 
+def number(answer: str | None) -> Fraction | None:
+    return None if answer is None else parse_number(answer)
+
+
 def candidates(record: dict) -> list[Cand]:
     expected = parse_number(str(record["expected"]))
     out, firsts, insides = [], 0, 0
     for c in record["candidates"]:
-        answer = parse_number(c["answer"]) if c["answer"] is not None else None
+        answer = number(c["answer"])
         if c["split"] is None:
             kind, order = "greedy", 0
         elif c["split"] == 0:
@@ -310,6 +314,20 @@ def live_fields(rule: Rule, gate: float | None) -> dict | None:
     }
 
 
+def rule_of(setting: dict) -> Rule:
+    """live_fields() read back: the rule a gated [deliberate] setting runs."""
+    return Rule(
+        "live",
+        setting["gate_signal"],
+        0.0,
+        setting["gate_first_alternatives"],
+        setting["gate_branches"],
+        setting["gate_staged"],
+        setting["running_stop"],
+        first_stage=setting["first_stage"],
+    )
+
+
 def gate_at_quantile(rule: Rule, items: list[list[Cand]]) -> float | None:
     """Stop at greedy on the surest `quantile` share of these questions (a pair rule: spend
     the second stage on the `quantile` share read as contested)."""
@@ -434,16 +452,7 @@ def live_against_replay(live: Path, pool: Path) -> dict:
     threshold. The live greedy chain decodes alone, the pool's beside its pair, so they agree
     to rounding only: counted, not assumed."""
     setting = json.loads((live / "config.json").read_text())["samplers"]["deliberate"]
-    rule = Rule(
-        "live",
-        setting["gate_signal"],
-        0.0,
-        setting["gate_first_alternatives"],
-        setting["gate_branches"],
-        setting["gate_staged"],
-        setting["running_stop"],
-        first_stage=setting["first_stage"],
-    )
+    rule = rule_of(setting)
     runs = {r["index"]: r for r in pool_records(live) if r["sampler"] == "deliberate"}
     replays = {rec["index"]: candidates(rec) for _, rec in read_pool(pool, "deliberate_staged")}
     items = sorted(set(runs) & set(replays))
@@ -452,14 +461,10 @@ def live_against_replay(live: Path, pool: Path) -> dict:
         "items": len(items),
         "spent_more": (sum(len(r["candidates"]) > 1 for r, _ in pairs), sum(w["spent_more"] for _, w in pairs)),
         "right": (sum(bool(r["correct"]) for r, _ in pairs), sum(bool(w["right"]) for _, w in pairs)),
-        "same_answer": sum(answer_of(r) == w["answer"] for r, w in pairs),
+        "same_answer": sum(number(r["extracted"]) == w["answer"] for r, w in pairs),
         "same_tokens": sum(r["tokens_spent"] == w["tokens"] for r, w in pairs),
         "tokens": (sum(r["tokens_spent"] for r, _ in pairs), sum(w["tokens"] for _, w in pairs)),
     }
-
-
-def answer_of(record: dict) -> Fraction | None:
-    return None if record["extracted"] is None else parse_number(record["extracted"])
 
 
 def live_markdown(res: dict, where: str) -> str:

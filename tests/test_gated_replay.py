@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,7 @@ def test_a_gate_in_front_of_staged_keeps_greedy_when_sure_and_runs_staged_whole_
     # live it is the gated path with a first stage of one
     fields = replay.live_fields(rule, -0.1)
     assert (fields["gate_first_alternatives"], fields["gate_staged"], fields["first_stage"]) == (4, True, 1)
+    assert replay.rule_of(fields) == replace(rule, name="live", quantile=0.0)  # read back, the same rule
     assert not any(r.second_stage == "or" for r in replay.per_model())  # a staged pool never ran those
 
 
