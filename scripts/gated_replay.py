@@ -599,16 +599,20 @@ def fixable_markdown(pools: list[tuple[str, dict, str]]) -> str:
 def frozen(folder: Path, res: dict) -> str:
     """The shipped reasoning setting (entropix_mlx/data/deliberate_reasoning.toml): every
     field of the pool's [deliberate] table (its pool.toml) with the chosen rule's gate."""
-    chosen = res["chosen"]
-    config = DeliberateConfig(**{**read_toml(folder / "pool.toml")["deliberate"], **chosen["deliberate"]})
     head = [
         "# Frozen before the sealed scoring: the dev pool's [deliberate] table",
         "# (docs/records/dev_q05_wide/pool.toml) with the gate of the rule that the selection rule of",
-        f"# docs/gated-deliberate.md chose on its {res['items']} items: {chosen['rule']}.",
+        f"# docs/gated-deliberate.md chose on its {res['items']} items: {res['chosen']['rule']}.",
         "# Written by scripts/gated_replay.py --freeze from the committed records; a test holds it to them.",
-        f"[{REASONING_TABLE}]",
     ]
-    return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
+    return setting_text(head, REASONING_TABLE, read_toml(folder / "pool.toml")["deliberate"], res["chosen"])
+
+
+def setting_text(head: list[str], name: str, base: dict, chosen: dict) -> str:
+    """A TOML table `name` naming every field: `base` with the chosen rule's gate, under `head`."""
+    config = DeliberateConfig(**{**base, **chosen["deliberate"]})
+    lines = [*head, f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in config.to_dict().items())]
+    return "\n".join(lines) + "\n"
 
 
 def next_freeze(folders: tuple[Path, ...], res: dict) -> str:
@@ -618,18 +622,15 @@ def next_freeze(folders: tuple[Path, ...], res: dict) -> str:
     configs = [json.loads((f / "config.json").read_text()) for f in folders]
     if any(c["model"] != configs[0]["model"] or c["samplers"] != configs[0]["samplers"] for c in configs):
         raise SystemExit(f"{', '.join(map(str, folders))}: the runs' models or settings differ")
-    chosen = res["chosen"]
-    config = DeliberateConfig(**{**configs[0]["samplers"]["deliberate_staged"], **chosen["deliberate"]})
     head = [
         "# A candidate for the next freeze, not scored: the `deliberate_staged` table of the staged dev",
         f"# pools of {configs[0]['model']} ({', '.join(f.name for f in folders)}) with the gate of the",
         f"# rule that the selection rule of docs/gated-deliberate.md chose on their {res['items']} items:",
-        f"# {chosen['rule']}.",
+        f"# {res['chosen']['rule']}.",
         "# Written by scripts/gated_replay.py --per-model --freeze from the committed records; a test",
         "# holds it to them. Run it: entropix-mlx run --reasoning --sampler deliberate --config THIS_FILE",
-        "[deliberate]",
     ]
-    return "\n".join(head + [f"{k} = {toml_value(v)}" for k, v in config.to_dict().items()]) + "\n"
+    return setting_text(head, "deliberate", configs[0]["samplers"]["deliberate_staged"], res["chosen"])
 
 
 ROW_HEAD = ["accuracy [95% CI]", "tokens × greedy", "W/L vs greedy", "p", "diff [95% CI]", "spent more"]
@@ -705,20 +706,16 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--freeze", type=Path, help="write the chosen rule's reasoning setting here")
     args = parser.parse_args()
+    if not args.per_model and len(args.pool) > 1:
+        parser.error("one wide pool, or --per-model for live staged runs")
     if args.per_model:
-        pool = staged_pool(*args.pool)
-        res = summary(pool, per_model())
-        rows, chosen = res["rows"], res["chosen"]
+        res = summary(staged_pool(*args.pool), per_model())
     else:
-        if len(args.pool) > 1:
-            parser.error("one wide pool, or --per-model for live staged runs")
-        pool = read_pool(args.pool[0])
-        rows = table(pool, grid())
-        chosen = choose(rows)
+        res = summary(read_pool(args.pool[0]), grid())
+    rows, chosen = res["rows"], res["chosen"]
     if args.json:
-        args.json.write_text(json.dumps({"items": len(pool), "rows": rows, "chosen": chosen}, indent=1) + "\n")
-    greedy = sum(c[0].right for c in (candidates(r) for _, r in pool)) / len(pool)
-    print(f"{len(pool)} items; greedy {100 * greedy:.1f}%; {len(rows)} rules")
+        args.json.write_text(json.dumps({"items": res["items"], "rows": rows, "chosen": chosen}, indent=1) + "\n")
+    print(f"{res['items']} items; greedy {100 * res['greedy']['accuracy']:.1f}%; {len(rows)} rules")
     shown = sorted(rows, key=lambda r: (-r["accuracy"], r["tokens"]))[: args.top]
     for r in shown + ([chosen] if chosen and chosen not in shown else []):
         mark = "*" if r is chosen else " "
@@ -729,7 +726,6 @@ def main() -> int:
     if chosen:
         print(f"  chosen, live: the pool's [deliberate] table with {chosen['deliberate']}")
     if args.freeze and chosen:
-        res = {"items": len(pool), "chosen": chosen}
         args.freeze.write_text(next_freeze(tuple(args.pool), res) if args.per_model else frozen(args.pool[0], res))
         print(f"  frozen: {args.freeze}")
     base = next(r for r in rows if r["rule"] == STAGED.name)
