@@ -89,7 +89,7 @@ class Table:
     sources: list[Source]
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
-    rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all
+    rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all; "held-out": rules beside
     # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
     pairs: list[tuple[str, str]] = field(default_factory=list)
     targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": scripts/acceptance.py's targets
@@ -256,7 +256,8 @@ def read_by_kind(table: Table) -> dict | None:
     if table.kind.startswith("replay-per-model"):  # per_model()'s rules over live staged pools as one
         return per_model_once(*(ROOT / s.path for s in table.sources))
     if table.kind == "held-out":  # the rules chosen on the first pools, replayed on the last
-        return held_out(per_model_once(*(ROOT / s.path for s in table.sources[:-1])), ROOT / table.sources[-1].path)
+        chosen = per_model_once(*(ROOT / s.path for s in table.sources[:-1]))
+        return held_out(chosen, ROOT / table.sources[-1].path, also=tuple(table.rows or ()))
     if table.kind == "live-replay":
         return live_against_replay(folder, ROOT / table.sources[1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
@@ -615,6 +616,8 @@ TABLES = {
     "gated-held-out-q15-c200": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="held-out"),
     "gated-rules-q15-300": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model"),
     "gated-rules-q15-300-all": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model-all"),
+    "gated-rules-q05-per-model": Table([WIDE_POOL], [], kind="replay-per-model"),
+    "gated-rules-q05-per-model-all": Table([WIDE_POOL], [], kind="replay-per-model-all"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],

@@ -10,7 +10,7 @@ greedily from a prefix is the same whether it started during the greedy chain or
     python scripts/gated_replay.py --per-model STAGED_DIR... [--json OUT.json] [--freeze SETTING.toml]
 
 POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read); with
---per-model, live `deliberate_staged` runs over different items, read as one pool.
+--per-model, live `deliberate_staged` runs (or wide pools) over different items, read as one pool.
 """
 
 import argparse
@@ -285,14 +285,16 @@ def per_model() -> list[Rule]:
 
 def staged_pool_check(folder: Path, pool: list) -> None:
     """A live `staged` run holds every candidate per_model() reads: the three later first
-    tokens exactly where the pair did not settle."""
+    tokens exactly where the pair did not settle; a wide pool all four on every item."""
     for _, record in pool:
         cands = candidates(record)
         firsts = sum(c.kind == "first" for c in cands)
-        want = 1 if settled([cands[0], *pick(cands, 1, 0)]) else 4
-        if firsts != want:
+        staged = record["sampler"] == "deliberate_staged"
+        want = (1 if settled([cands[0], *pick(cands, 1, 0)]) else 4) if staged else 4
+        if firsts != want and (staged or firsts < want):
+            kind = "staged" if staged else "wide"
             raise SystemExit(
-                f"{folder}: item {record['index']} has {firsts} first tokens, not {want}: not a staged pool"
+                f"{folder}: item {record['index']} has {firsts} first tokens, not {want}: not a {kind} pool"
             )
 
 
@@ -411,10 +413,11 @@ def results(folder: Path) -> dict:
 
 
 def staged_pool(*folders: Path) -> list:
-    """The live `staged` runs in `folders` as one pool (each over different items)."""
+    """The live `staged` runs (or wide pools) in `folders` as one pool (each over different items)."""
     pool = []
     for folder in folders:
-        part = read_pool(folder, "deliberate_staged")
+        staged = any(r["sampler"] == "deliberate_staged" for r in pool_records(folder))
+        part = read_pool(folder, "deliberate_staged" if staged else "deliberate")
         staged_pool_check(folder, part)
         pool += part
     indices = [record["index"] for _, record in pool]
@@ -428,14 +431,14 @@ def results_per_model(*folders: Path) -> dict:
     return summary(staged_pool(*folders), per_model())
 
 
-def held_out(chosen: dict, check: Path) -> dict:
+def held_out(chosen: dict, check: Path, also: tuple[str, ...] = ()) -> dict:
     """The rules chosen on one staged pool (`chosen`: its results_per_model()) replayed on
     another with their thresholds fixed where they were chosen: the one the selection rule
-    picks and the most accurate within the cap, beside `staged`; each also paired with
-    `staged` on the new items."""
+    picks, the most accurate within the cap and the rules named in `also`, beside `staged`;
+    each also paired with `staged` on the new items."""
     within = [r for r in chosen["rows"] if r["reads_measurements"] and r["x_greedy"] <= CAP]
     best = min(within, key=lambda r: (-r["accuracy"], r["tokens"]))
-    names = list(dict.fromkeys([chosen["chosen"]["rule"], best["rule"]]))
+    names = list(dict.fromkeys([chosen["chosen"]["rule"], best["rule"], *also]))
     by_name = {r.name: r for r in per_model()}
     fixed = {r["rule"]: r["gate"] for r in chosen["rows"] if r["rule"] in names}
     res = summary(staged_pool(check), [STAGED, *(by_name[n] for n in names)], fixed)
@@ -619,8 +622,13 @@ def next_freeze(folders: tuple[Path, ...], res: dict) -> str:
     """A candidate for the next freeze, not scored: the staged pools' own `deliberate_staged`
     table with the gate of the rule the selection rule chose over them, as the [deliberate]
     table that `--config` runs (a card's [deliberate_reasoning] once frozen)."""
-    configs = [json.loads((f / "config.json").read_text()) for f in folders]
-    if any(c["model"] != configs[0]["model"] or c["samplers"] != configs[0]["samplers"] for c in configs):
+    every = [json.loads((f / "config.json").read_text()) for f in folders]
+    configs = [c for c in every if "deliberate_staged" in c["samplers"]]  # a wide pool has no staged table
+    if not configs:
+        raise SystemExit(f"{', '.join(map(str, folders))}: no live staged run, whose table the setting takes")
+    if any(c["model"] != every[0]["model"] for c in every) or any(
+        c["samplers"] != configs[0]["samplers"] for c in configs
+    ):
         raise SystemExit(f"{', '.join(map(str, folders))}: the runs' models or settings differ")
     head = [
         "# A candidate for the next freeze, not scored: the `deliberate_staged` table of the staged dev",
@@ -701,7 +709,9 @@ def held_out_markdown(res: dict, where: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pool", type=Path, nargs="+")
-    parser.add_argument("--per-model", action="store_true", help="the pools are live staged runs, read as one")
+    parser.add_argument(
+        "--per-model", action="store_true", help="the pools are live staged runs (or wide pools), read as one"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--freeze", type=Path, help="write the chosen rule's reasoning setting here")

@@ -379,3 +379,61 @@ def test_a_live_run_is_counted_against_its_replay_item_by_item(tmp_path):
     assert res["items"] == 3 and res["spent_more"] == (2, 2) and res["right"] == (1, 2)
     assert (res["same_answer"], res["same_tokens"], res["tokens"]) == (2, 2, (320, 440))
     assert "| 3 | 2 / 2 | 1 / 2 | 2 of 3 | 2 of 3 (320 / 440 in all) | x |" in replay.live_markdown(res, "x")
+
+
+def wide_record(index, tail, greedy_answer="7", pair_answer="12", sampler="deliberate"):
+    """A wide pool's record: all four first tokens and a branch inside the chain, whatever the pair says."""
+    rec = {**chain_record(index, greedy_answer, 40, tail), "sampler": sampler}
+    alt = {**rec["candidates"][0], "split": 0, "answer": pair_answer}
+    inside = {**rec["candidates"][0], "split": 12, "answer": "12", "own_tokens": 28, "logprobs": [-0.1] * 28}
+    rec["candidates"] += [*({**alt, "logprobs": [-0.1 - k] * 40} for k in range(4)), inside]
+    return rec
+
+
+def test_a_wide_pool_replays_the_per_model_rules_as_a_live_staged_run_of_the_same_chains(tmp_path):
+    # a pair that agrees (item 0) ran no later first tokens live; the wide pool holds them all the same
+    answers = [("7", "7"), ("7", "12"), ("12", "7"), ("12", "12")]
+    tails = [-0.05, -0.1, -0.2, -0.3]
+    write_pool(tmp_path / "wide", [wide_record(i, t, *a) for i, (t, a) in enumerate(zip(tails, answers, strict=True))])
+    write_pool(
+        tmp_path / "staged", [staged_record(i, t, *a) for i, (t, a) in enumerate(zip(tails, answers, strict=True))]
+    )
+    wide, staged = replay.staged_pool(tmp_path / "wide"), replay.staged_pool(tmp_path / "staged")
+    assert [rec["sampler"] for _, rec in wide] == ["deliberate"] * 4
+    for a, b in zip(replay.table(wide, replay.per_model()), replay.table(staged, replay.per_model()), strict=True):
+        assert (a["rule"], a["gate"], a["right"], a["tokens"]) == (b["rule"], b["gate"], b["right"], b["tokens"])
+    # read as one with a staged run of other items; a freeze takes the staged run's own table
+    write_pool(tmp_path / "more", [staged_record(10 + i, t) for i, t in enumerate(tails)])
+    config = {"model": "m", "samplers": {"greedy": {}, "deliberate_staged": {"first_stage": 1, "budget": 6.0}}}
+    (tmp_path / "more" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "wide" / "config.json").write_text(json.dumps({"model": "m", "samplers": {"deliberate": {}}}))
+    folders = (tmp_path / "wide", tmp_path / "more")
+    res = replay.summary(replay.staged_pool(*folders), replay.per_model())
+    assert res["items"] == 8 and "[deliberate]" in replay.next_freeze(folders, res)
+    with pytest.raises(SystemExit, match="no live staged run"):
+        replay.next_freeze((tmp_path / "wide",), res)
+
+
+def test_the_held_out_check_replays_named_rules_at_the_choice_pools_thresholds_too(tmp_path):
+    tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
+    write_pool(
+        tmp_path / "choice", [wide_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)]
+    )
+    write_pool(tmp_path / "check", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails)])
+    made = replay.results_per_model(tmp_path / "choice")
+    named = "tail_logprob>=q0.5 then staged"
+    res = replay.held_out(made, tmp_path / "check", also=(named,))
+    row = next(r for r in res["rows"] if r["rule"] == named)
+    assert row["gate"] == next(r["gate"] for r in made["rows"] if r["rule"] == named)
+    assert row["gate"] != next(
+        r["gate"] for r in replay.results_per_model(tmp_path / "check")["rows"] if r["rule"] == named
+    )
+    assert "vs_staged" in row and res["chosen"]["rule"] == made["chosen"]["rule"]
+
+
+def test_a_wide_pool_must_hold_all_four_first_tokens_on_every_item(tmp_path):
+    rec = wide_record(0, -0.1)
+    rec["candidates"] = rec["candidates"][:3]  # greedy and two first tokens
+    write_pool(tmp_path / "wide", [rec])
+    with pytest.raises(SystemExit, match="item 0 has 2 first tokens, not 4: not a wide pool"):
+        replay.staged_pool(tmp_path / "wide")
