@@ -431,9 +431,9 @@ def results_per_model(*folders: Path) -> dict:
     return summary(staged_pool(*folders), per_model())
 
 
-def held_out(chosen: dict, check: Path, also: tuple[str, ...] = ()) -> dict:
+def held_out(chosen: dict, *checks: Path, also: tuple[str, ...] = ()) -> dict:
     """The rules chosen on one staged pool (`chosen`: its results_per_model()) replayed on
-    another with their thresholds fixed where they were chosen: the one the selection rule
+    others (as one) with their thresholds fixed where they were chosen: the one the selection rule
     picks, the most accurate within the cap and the rules named in `also`, beside `staged`;
     each also paired with `staged` on the new items."""
     within = [r for r in chosen["rows"] if r["reads_measurements"] and r["x_greedy"] <= CAP]
@@ -441,7 +441,7 @@ def held_out(chosen: dict, check: Path, also: tuple[str, ...] = ()) -> dict:
     names = list(dict.fromkeys([chosen["chosen"]["rule"], best["rule"], *also]))
     by_name = {r.name: r for r in per_model()}
     fixed = {r["rule"]: r["gate"] for r in chosen["rows"] if r["rule"] in names}
-    res = summary(staged_pool(check), [STAGED, *(by_name[n] for n in names)], fixed)
+    res = summary(staged_pool(*checks), [STAGED, *(by_name[n] for n in names)], fixed)
     res["chosen"] = res["rows"][1]  # the choice is the one made on `choice`, not this pool's best
     staged = dict(enumerate(res["rows"][0]["right"]))
     for r in res["rows"][1:]:

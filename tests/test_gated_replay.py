@@ -437,3 +437,18 @@ def test_a_wide_pool_must_hold_all_four_first_tokens_on_every_item(tmp_path):
     write_pool(tmp_path / "wide", [rec])
     with pytest.raises(SystemExit, match="item 0 has 2 first tokens, not 4: not a wide pool"):
         replay.staged_pool(tmp_path / "wide")
+
+
+def test_a_held_out_check_may_be_several_runs_read_as_one(tmp_path):
+    tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
+    write_pool(
+        tmp_path / "choice", [wide_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)]
+    )
+    write_pool(tmp_path / "a", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails[:3])])
+    write_pool(tmp_path / "b", [staged_record(200 + i, t - 0.02, greedy_answer="12") for i, t in enumerate(tails[3:])])
+    made = replay.results_per_model(tmp_path / "choice")
+    both = replay.held_out(made, tmp_path / "a", tmp_path / "b")
+    parts = [replay.held_out(made, tmp_path / n) for n in ("a", "b")]
+    assert both["items"] == 6
+    for whole, a, b in zip(both["rows"], parts[0]["rows"], parts[1]["rows"], strict=True):
+        assert whole["right"] == a["right"] + b["right"] and whole["gate"] == a["gate"] == b["gate"]
