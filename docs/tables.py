@@ -97,7 +97,7 @@ class Table:
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
     # "replay-per-model" / "-all": the rules live staged pools (as one) replay at their model's own quantiles;
-    # "held-out": the rules chosen on the first sources' pool (as one), their thresholds fixed, on the last's;
+    # "held-out": the rules chosen on the first sources' pool (as one), their thresholds fixed, on the last `checks`';
     # "live-replay": a gated setting run live (the first source) against its replay from a staged pool (the second);
     # "ranking": how each gate signal ranks the wrong greedy answers, a pool a row;
     # "fixable": where the shipped gate spends, and the wrong answers `staged` puts right there;
@@ -105,6 +105,7 @@ class Table:
     kind: str = "samplers"
     # the accuracy column's split, where the run's own says "test" of train items (a dev check)
     split: str | None = None
+    checks: int = 1  # kind "held-out": how many of the last sources are the check (read as one pool)
 
 
 def from_records(folder: Path, tasks: str) -> dict:
@@ -256,8 +257,9 @@ def read_by_kind(table: Table) -> dict | None:
     if table.kind.startswith("replay-per-model"):  # per_model()'s rules over live staged pools as one
         return per_model_once(*(ROOT / s.path for s in table.sources))
     if table.kind == "held-out":  # the rules chosen on the first pools, replayed on the last
-        chosen = per_model_once(*(ROOT / s.path for s in table.sources[:-1]))
-        return held_out(chosen, ROOT / table.sources[-1].path, also=tuple(table.rows or ()))
+        choice, check = table.sources[: -table.checks], table.sources[-table.checks :]
+        chosen = per_model_once(*(ROOT / s.path for s in choice))
+        return held_out(chosen, *(ROOT / s.path for s in check), also=tuple(table.rows or ()))
     if table.kind == "live-replay":
         return live_against_replay(folder, ROOT / table.sources[1].path)
     if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
@@ -356,7 +358,7 @@ def markdown(table: Table, results: dict) -> str:
     if table.kind == "fixable":
         return fixable_markdown(results["pools"])
     if table.kind == "held-out":
-        return held_out_markdown(results, where=table.sources[-1].path)
+        return held_out_markdown(results, where=", ".join(s.path for s in table.sources[-table.checks :]))
     if table.kind == "live-replay":
         return live_markdown(results, where=", ".join(s.path for s in table.sources))
     if table.kind.startswith("replay"):
@@ -479,6 +481,7 @@ STAGED_Q15 = Source("docs/records/dev_q15_staged")
 STAGED_Q15_B = Source("docs/records/dev_q15_staged_b")  # the next 100 items: a held-out check
 STAGED_Q15_C = Source("docs/records/dev_q15_staged_c")  # the 100 after: a second one
 LIVE_Q15 = Source("docs/records/live_q15_gate")  # the rule chosen on 0-199, live on 200-215
+STAGED_Q05_D = Source("docs/records/dev_q05_staged")  # 0.5B train 300-399: a held-out check of its per-model gate
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -576,6 +579,7 @@ TABLES = {
             Source(SEALED_Q15.path, label="1.5B sealed", sampler="deliberate"),
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
             Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
+            Source(STAGED_Q05_D.path, label="0.5B dev (train 300-399)", sampler="deliberate_staged"),
         ],
         [],
         kind="ranking",
@@ -587,6 +591,7 @@ TABLES = {
             Source(STAGED_Q15.path, label="1.5B dev (train 0-99)", sampler="deliberate_staged"),
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
             Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
+            Source(STAGED_Q05_D.path, label="0.5B dev (train 300-399)", sampler="deliberate_staged"),
         ],
         [],
         kind="fixable",
@@ -618,6 +623,15 @@ TABLES = {
     "gated-rules-q15-300-all": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model-all"),
     "gated-rules-q05-per-model": Table([WIDE_POOL], [], kind="replay-per-model"),
     "gated-rules-q05-per-model-all": Table([WIDE_POOL], [], kind="replay-per-model-all"),
+    "staged-q05-d": Table(
+        [STAGED_Q05_D],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
+    ),
+    "gated-held-out-q05": Table(
+        [WIDE_POOL, STAGED_Q05_D], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"]
+    ),
+    "gated-rules-q05-400": Table([WIDE_POOL, STAGED_Q05_D], [], kind="replay-per-model"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],
