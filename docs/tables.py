@@ -482,6 +482,7 @@ STAGED_Q15_B = Source("docs/records/dev_q15_staged_b")  # the next 100 items: a 
 STAGED_Q15_C = Source("docs/records/dev_q15_staged_c")  # the 100 after: a second one
 LIVE_Q15 = Source("docs/records/live_q15_gate")  # the rule chosen on 0-199, live on 200-215
 STAGED_Q05_D = Source("docs/records/dev_q05_staged")  # 0.5B train 300-399: a held-out check of its per-model gate
+STAGED_Q05_E = Source("docs/records/dev_q05_staged_e")  # 0.5B train 400-499: its second set
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -580,6 +581,7 @@ TABLES = {
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
             Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
             Source(STAGED_Q05_D.path, label="0.5B dev (train 300-399)", sampler="deliberate_staged"),
+            Source(STAGED_Q05_E.path, label="0.5B dev (train 400-499)", sampler="deliberate_staged"),
         ],
         [],
         kind="ranking",
@@ -592,6 +594,7 @@ TABLES = {
             Source(STAGED_Q15_B.path, label="1.5B dev (train 100-199)", sampler="deliberate_staged"),
             Source(STAGED_Q15_C.path, label="1.5B dev (train 200-299)", sampler="deliberate_staged"),
             Source(STAGED_Q05_D.path, label="0.5B dev (train 300-399)", sampler="deliberate_staged"),
+            Source(STAGED_Q05_E.path, label="0.5B dev (train 400-499)", sampler="deliberate_staged"),
         ],
         [],
         kind="fixable",
@@ -631,7 +634,20 @@ TABLES = {
     "gated-held-out-q05": Table(
         [WIDE_POOL, STAGED_Q05_D], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"]
     ),
+    "staged-q05-e": Table(
+        [STAGED_Q05_E],
+        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
+        split="dev (train items)",
+    ),
+    "gated-held-out-q05-e": Table(
+        [WIDE_POOL, STAGED_Q05_E], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"]
+    ),
+    "gated-held-out-q05-200": Table(
+        [WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"], checks=2
+    ),
     "gated-rules-q05-400": Table([WIDE_POOL, STAGED_Q05_D], [], kind="replay-per-model"),
+    "gated-rules-q05-500": Table([WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="replay-per-model"),
+    "gated-rules-q05-500-all": Table([WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="replay-per-model-all"),
     "sealed-q15-pairs": Table(
         [SEALED_Q15],
         [],
