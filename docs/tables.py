@@ -89,7 +89,8 @@ class Table:
     sources: list[Source]
     columns: list[str]  # for kind "categories": the samplers, one column each
     chart: str | None = None
-    rows: list[str] | None = None  # the rows shown (Holm's correction over these), else all; "held-out": rules beside
+    # the rows shown (Holm's correction over these), else all; kind "held-out": rules replayed beside the choice
+    rows: list[str] | None = None
     # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
     pairs: list[tuple[str, str]] = field(default_factory=list)
     targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": scripts/acceptance.py's targets
@@ -474,6 +475,7 @@ COSTS = [Source("docs/records/sampler_costs")]
 WIDE_POOL = Source("docs/records/dev_q05_wide")
 BENCH = Source("docs/records/bench")
 SEALED_Q05 = Source("docs/records/sealed_q05")
+DEV_COLUMNS = ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"]
 GSM8K_COLUMNS = ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "p Holm", "wall s / answer", "records"]
 DEV_Q15 = Source("docs/records/dev_q15")
 SEALED_Q15 = Source("docs/records/sealed_q15")
@@ -483,6 +485,12 @@ STAGED_Q15_C = Source("docs/records/dev_q15_staged_c")  # the 100 after: a secon
 LIVE_Q15 = Source("docs/records/live_q15_gate")  # the rule chosen on 0-199, live on 200-215
 STAGED_Q05_D = Source("docs/records/dev_q05_staged")  # 0.5B train 300-399: a held-out check of its per-model gate
 STAGED_Q05_E = Source("docs/records/dev_q05_staged_e")  # 0.5B train 400-499: its second set
+Q15_RULE = "tail_logprob>=q0.5 then staged"  # the 1.5B pools' choice, replayed beside the 0.5B one
+
+
+def dev_table(source: Source) -> Table:
+    """A dev run's samplers on GSM8K train items (the run's own split says "test")."""
+    return Table([source], DEV_COLUMNS, split="dev (train items)")
 
 
 def vote_pairs(k: int) -> list[tuple[str, str]]:
@@ -566,11 +574,7 @@ TABLES = {
         ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "records"],
         rows=["greedy", "deliberate", "deliberate_staged", "self_consistency k=8", "cisc k=8"],
     ),
-    "dev-q15": Table(
-        [DEV_Q15],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
+    "dev-q15": dev_table(DEV_Q15),
     "sealed-q15": Table([SEALED_Q15], GSM8K_COLUMNS),
     "gate-ranking": Table(
         [
@@ -599,51 +603,27 @@ TABLES = {
         [],
         kind="fixable",
     ),
-    "staged-q15": Table(
-        [STAGED_Q15],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
+    "staged-q15": dev_table(STAGED_Q15),
     "gated-rules-q15": Table([STAGED_Q15], [], kind="replay-per-model"),
     "gated-rules-q15-all": Table([STAGED_Q15], [], kind="replay-per-model-all"),
-    "staged-q15-b": Table(
-        [STAGED_Q15_B],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
+    "staged-q15-b": dev_table(STAGED_Q15_B),
     "gated-held-out-q15": Table([STAGED_Q15, STAGED_Q15_B], [], kind="held-out"),
     "gated-rules-q15-200": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model"),
     "gated-rules-q15-200-all": Table([STAGED_Q15, STAGED_Q15_B], [], kind="replay-per-model-all"),
     "gated-live-q15": Table([LIVE_Q15, STAGED_Q15_C], [], kind="live-replay"),
-    "staged-q15-c": Table(
-        [STAGED_Q15_C],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
+    "staged-q15-c": dev_table(STAGED_Q15_C),
     "gated-held-out-q15-c": Table([STAGED_Q15, STAGED_Q15_C], [], kind="held-out"),
     "gated-held-out-q15-c200": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="held-out"),
     "gated-rules-q15-300": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model"),
     "gated-rules-q15-300-all": Table([STAGED_Q15, STAGED_Q15_B, STAGED_Q15_C], [], kind="replay-per-model-all"),
     "gated-rules-q05-per-model": Table([WIDE_POOL], [], kind="replay-per-model"),
     "gated-rules-q05-per-model-all": Table([WIDE_POOL], [], kind="replay-per-model-all"),
-    "staged-q05-d": Table(
-        [STAGED_Q05_D],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
-    "gated-held-out-q05": Table(
-        [WIDE_POOL, STAGED_Q05_D], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"]
-    ),
-    "staged-q05-e": Table(
-        [STAGED_Q05_E],
-        ["accuracy", "gen tokens (× greedy)", "cut off", *PAIRED, "p", "wall s / answer", "records"],
-        split="dev (train items)",
-    ),
-    "gated-held-out-q05-e": Table(
-        [WIDE_POOL, STAGED_Q05_E], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"]
-    ),
+    "staged-q05-d": dev_table(STAGED_Q05_D),
+    "gated-held-out-q05": Table([WIDE_POOL, STAGED_Q05_D], [], kind="held-out", rows=[Q15_RULE]),
+    "staged-q05-e": dev_table(STAGED_Q05_E),
+    "gated-held-out-q05-e": Table([WIDE_POOL, STAGED_Q05_E], [], kind="held-out", rows=[Q15_RULE]),
     "gated-held-out-q05-200": Table(
-        [WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="held-out", rows=["tail_logprob>=q0.5 then staged"], checks=2
+        [WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="held-out", rows=[Q15_RULE], checks=2
     ),
     "gated-rules-q05-400": Table([WIDE_POOL, STAGED_Q05_D], [], kind="replay-per-model"),
     "gated-rules-q05-500": Table([WIDE_POOL, STAGED_Q05_D, STAGED_Q05_E], [], kind="replay-per-model"),

@@ -414,11 +414,15 @@ def test_a_wide_pool_replays_the_per_model_rules_as_a_live_staged_run_of_the_sam
         replay.next_freeze((tmp_path / "wide",), res)
 
 
-def test_the_held_out_check_replays_named_rules_at_the_choice_pools_thresholds_too(tmp_path):
+def write_choice_pool(folder):
+    """A wide pool of six items, pairs alternately agreeing; its greedy tails, surest first."""
     tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
-    write_pool(
-        tmp_path / "choice", [wide_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)]
-    )
+    write_pool(folder, [wide_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)])
+    return tails
+
+
+def test_the_held_out_check_replays_named_rules_at_the_choice_pools_thresholds_too(tmp_path):
+    tails = write_choice_pool(tmp_path / "choice")
     write_pool(tmp_path / "check", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails)])
     made = replay.results_per_model(tmp_path / "choice")
     named = "tail_logprob>=q0.5 then staged"
@@ -440,10 +444,7 @@ def test_a_wide_pool_must_hold_all_four_first_tokens_on_every_item(tmp_path):
 
 
 def test_a_held_out_check_may_be_several_runs_read_as_one(tmp_path):
-    tails = [-0.05, -0.1, -0.2, -0.3, -0.4, -0.5]
-    write_pool(
-        tmp_path / "choice", [wide_record(i, t, pair_answer="7" if i % 2 else "12") for i, t in enumerate(tails)]
-    )
+    tails = write_choice_pool(tmp_path / "choice")
     write_pool(tmp_path / "a", [staged_record(100 + i, t - 0.02) for i, t in enumerate(tails[:3])])
     write_pool(tmp_path / "b", [staged_record(200 + i, t - 0.02, greedy_answer="12") for i, t in enumerate(tails[3:])])
     made = replay.results_per_model(tmp_path / "choice")
