@@ -682,11 +682,12 @@ def no_records_problems(path: Path, name: str, span: tuple[int, int]) -> list[st
 
 
 def problems(write: bool, paths: list[Path] | None = None, tables: dict | None = None) -> list[str]:
-    """What differs between the marked tables and their records (rewritten if `write`)."""
+    """What differs between the marked tables and their records (rewritten if `write`), and tables placed nowhere."""
     tables = TABLES if tables is None else tables
-    built, out = {}, []
+    built, out, placed = {}, [], set()
     for path in documents() if paths is None else paths:
         text, spans = path.read_text().splitlines(), marked(path)
+        placed |= spans.keys()
         out += [
             f"{path.name}:{n}: a results table without a <!-- table: NAME --> line"
             for n in unmarked_result_tables(path)
@@ -706,6 +707,7 @@ def problems(write: bool, paths: list[Path] | None = None, tables: dict | None =
                 text[span[0] : span[1]] = want
         if write:
             path.write_text("\n".join(text) + "\n")
+    out += [f"table {name} is in docs/tables.py's TABLES but in no document" for name in tables if name not in placed]
     if write:
         for name, results in built.items():
             if tables[name].chart:

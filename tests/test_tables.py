@@ -80,12 +80,17 @@ def test_a_greedy_rerun_that_differs_shows_beside_the_first(summaries):
     assert rows["greedy"]["accuracy"] == 0.5 and rows["greedy (earlier)"]["accuracy"] == 0.4
 
 
-def test_a_changed_figure_an_unmarked_table_and_a_no_records_row_without_the_mark_are_found(summaries, tmp_path):
+def test_a_changed_figure_an_unmarked_table_an_unplaced_table_and_a_no_records_row_without_the_mark_are_found(
+    summaries, tmp_path
+):
     table = table_of((summaries[0], ""))
     doc = tmp_path / "doc.md"
     good = tables.markdown(table, tables.merged(table))
     doc.write_text(f"<!-- table: t -->\n{good}\n\ntext\n")
     assert tables.problems(write=False, paths=[doc], tables={"t": table}) == []
+    assert tables.problems(write=False, paths=[doc], tables={"t": table, "u": table}) == [
+        "table u is in docs/tables.py's TABLES but in no document"
+    ]
     doc.write_text(f"<!-- table: t -->\n{good.replace('60.0%', '61.0%')}\n\n| sampler | x |\n| --- | --- |\n")
     found = tables.problems(write=True, paths=[doc], tables={"t": table})
     assert found == [
