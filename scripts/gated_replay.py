@@ -55,7 +55,10 @@ def pool_records(folder: Path) -> list[dict]:
 def read_pool(folder: Path, sampler: str | None = None) -> list[dict]:
     """(greedy row, pool record) per item; the pool is every record of `sampler` (default:
     the one sampler beside greedy)."""
-    records = pool_records(folder)
+    return pool_of(pool_records(folder), sampler)
+
+
+def pool_of(records: list[dict], sampler: str | None) -> list[dict]:
     greedy = {r["index"]: r for r in records if r["sampler"] == "greedy"}
     pool = {r["index"]: r for r in records if r["sampler"] == sampler or (sampler is None and r["sampler"] != "greedy")}
     return [(greedy.get(i), pool[i]) for i in sorted(pool)]
@@ -417,8 +420,9 @@ def staged_pool(*folders: Path) -> list:
     """The live `staged` runs (or wide pools) in `folders` as one pool (each over different items)."""
     pool = []
     for folder in folders:
-        staged = any(r["sampler"] == "deliberate_staged" for r in pool_records(folder))
-        part = read_pool(folder, "deliberate_staged" if staged else "deliberate")
+        records = pool_records(folder)
+        staged = any(r["sampler"] == "deliberate_staged" for r in records)
+        part = pool_of(records, "deliberate_staged" if staged else "deliberate")
         staged_pool_check(folder, part)
         pool += part
     indices = [record["index"] for _, record in pool]
