@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from ..decode.forced import forced_signals
 from ..decode.generate import generate
 from ..decode.prompt import encode_chat, encode_raw
 from ..decode.tools import knows_tools, template_messages
@@ -190,3 +191,8 @@ class LoadedModel:
         """A `Generation` of the prepared request (iterate it for token events)."""
         p = prepared
         return generate(self.model, self.tokenizer, p.ids, p.sampler, p.max_tokens, p.seed, cache, p.penalties)
+
+    def forced(self, prompt: list[int], answer: list[int], hidden_at: tuple[int, ...] = ()) -> dict:
+        """What the model thought at each token of `answer` after `prompt`, in one
+        pass (`decode.forced.forced_signals`)."""
+        return forced_signals(self.model, prompt, answer, hidden_at)

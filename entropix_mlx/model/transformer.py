@@ -104,11 +104,14 @@ class Transformer(nn.Module):
     ):
         return self.packed([Segment(inputs, cache, mask, key_mask)], last_only)[0]
 
-    def packed(self, segments: list[Segment], last_only: bool = True) -> list[tuple]:
+    def packed(self, segments: list[Segment], last_only: bool = True, hidden_at: tuple[int, ...] = ()) -> list[tuple]:
         """One pass over several inputs, each with its own cache; returns each
         one's (logits, scores) as `__call__` would. Each segment's numbers are
         those of a pass of its own up to the weight products' rounding (the
-        products see all segments' tokens as rows of one matrix)."""
+        products see all segments' tokens as rows of one matrix). `hidden_at`:
+        layer indices (negative from the end) whose output residual stream is
+        returned too, as a third element `{layer: (B, L, hidden)}` (the answer
+        confidence's probe reads it)."""
         tokens = (
             segments[0].tokens.reshape(-1)
             if len(segments) == 1
@@ -122,8 +125,12 @@ class Transformer(nn.Module):
         rotations = [self._rotations(seg, backend) if backend.takes(h) else {} for seg in segments]
         scores = [[] for _ in segments]
         pipelined = backend.pipelined(h)  # the layers built so far computed while the next are built
+        keep = {i % len(self.layers) for i in hidden_at}
+        kept = {}
         for i, layer in enumerate(self.layers):
             h, layer_scores = layer(h, segments, masks, i, rotations, backend)
+            if i in keep:
+                kept[i] = h
             if pipelined and i % 2:
                 mx.async_eval(h)
             for mine, s in zip(scores, layer_scores, strict=False):
@@ -147,7 +154,12 @@ class Transformer(nn.Module):
             B, L = seg.tokens.shape
             n = B if last_only else B * L
             rows = logits[start : start + n] if len(segments) > 1 else logits
-            out.append((rows.reshape(B, n // B, -1), s))
+            if keep:
+                first = sum(x.tokens.size for x in segments[: len(out)])  # kept states cover every token
+                states = {i: v[first : first + B * L].reshape(B, L, -1) for i, v in kept.items()}
+                out.append((rows.reshape(B, n // B, -1), s, states))
+            else:
+                out.append((rows.reshape(B, n // B, -1), s))
             start += n
         return out
 
