@@ -3,7 +3,7 @@ records, `eval --out` records and server responses, on the bundled model and a
 tiny random-weight GGUF, with timing left out. Two traces of the same outputs
 are equal byte for byte.
 
-    python scripts/trace.py OUT.jsonl [--only run,eval,serve]
+    python -m scripts.trace OUT.jsonl [--only run,eval,serve]
     cmp before.jsonl after.jsonl
 
 Everything runs as the user runs it (the installed `entropix-mlx` command), with
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import TINY_CONFIG  # noqa: E402
-from gguf_writer import write_gguf  # noqa: E402
+from tests.conftest import TINY_CONFIG
+from tests.gguf_writer import write_gguf
 
 # Timing, addresses and ids: everything that differs between two runs of the same outputs.
 VARYING = ("tps", "per_second", "seconds", "time", "peak_memory", "elapsed", "path", "commit")

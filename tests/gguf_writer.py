@@ -5,9 +5,10 @@ permuted for `llama`, Gemma's norms stored as 1 + w, matrices quantized by
 are random valid blocks (random codes and sub-scales, sane super-block scales)."""
 
 import numpy as np
-from conftest import CHAT_TEMPLATE, _byte_tokens
 from gguf import GGML_QUANT_SIZES, MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
 from gguf.quants import dequantize, quantize
+
+from tests.conftest import CHAT_TEMPLATE, _byte_tokens
 
 ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}
 

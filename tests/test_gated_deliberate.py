@@ -1,9 +1,8 @@
 """Gated `deliberate`: the greedy chain's own measurements decide whether more runs
 (docs/gated-deliberate.md). The live decoder reads a chain exactly as
-scripts/gated_replay.py replays it from a pool run, an always-sure gate is plain
+research/gated_replay.py replays it from a pool run, an always-sure gate is plain
 greedy, a never-sure one always spends, and running_stop ends a weak candidate early."""
 
-import importlib.util
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -21,11 +20,9 @@ from entropix_mlx.sampling.deliberate_config import DeliberateConfig
 from entropix_mlx.sampling.gate import STOPPED
 from entropix_mlx.sampling.penalties import make_penalties
 from entropix_mlx.sampling.samplers import GreedySampler
+from research import gated_replay as replay
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gated_replay", ROOT / "scripts" / "gated_replay.py")
-replay = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(replay)
 
 TEXTS = ["What is 7 + 5?", "hi", "a b c", "why?", "ok then", "x"]
 MAX_TOKENS = 64

@@ -7,7 +7,7 @@ def format_p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def _pct(value) -> str:
+def pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
@@ -35,8 +35,8 @@ def table_rows(results: dict, strategies: bool = True) -> list[dict]:
             "n": str(s["n"]),
             "gen tokens": f"{generated_tokens(s):.1f}",
             "s/answer": f"{s['seconds_per_answer']:.2f}" if "seconds_per_answer" in s else "",
-            "cut off": _pct(s.get("cut_off")),
-            "no answer": _pct(s.get("no_answer")),
+            "cut off": pct(s.get("cut_off")),
+            "no answer": pct(s.get("no_answer")),
             "W/L/T vs greedy": f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
             "diff [95% CI]": "",
             "p": format_p(vs["p_value"]) if vs else "",

@@ -138,8 +138,8 @@ class SealedFile:
 
 
 def log_offline_scoring(folder, tasks_path, rows: list[str], items: str, by: str) -> None:
-    """A script that scores an eval result folder's stored answers again (docs/pairs.py,
-    docs/deliberate_budget.py, ...) logs it in the folder's `scoring_log.jsonl` as `eval`
+    """A script that scores an eval result folder's stored answers again (research/pairs.py,
+    research/deliberate_budget.py, ...) logs it in the folder's `scoring_log.jsonl` as `eval`
     logs its own, unless the folder holds dev items; a sealed task file is refused, since
     only `eval` keeps the sealed log."""
     if is_sealed(tasks_path):

@@ -77,13 +77,13 @@ _LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|\\!|\\ )(?=\d{3}(?!\d))")
 def parse_number(text: str) -> Fraction | None:
     """The value of a text that is one number (with sign, commas, decimals or a
     fraction), else None."""
-    found = list(_numbers(text.strip()))
+    found = list(numbers_in(text.strip()))
     if len(found) != 1 or found[0][1] != 0 or found[0][2] != len(text.strip()):
         return None
     return found[0][0]
 
 
-def _numbers(text: str):
+def numbers_in(text: str):
     """(value, start, end) of every number written with digits."""
     for m in _NUMBER.finditer(text):
         sign, digits = m.group(1), m.group(2).replace(",", "")
@@ -107,7 +107,7 @@ def _word_numbers(text: str):
 
 
 def extract_number(output: str) -> Fraction | None:
-    found = list(_numbers(output))
+    found = list(numbers_in(output))
     if not found and not re.search(r"\d", output):
         found = list(_word_numbers(output))
     if not found:
@@ -148,12 +148,12 @@ def extract_cot_number(output: str) -> Fraction | None:
     text = plain_latex(output)
     boxed = last_boxed(text)
     if boxed is not None:
-        found = list(_numbers(boxed))
+        found = list(numbers_in(boxed))
         if found:
             return found[0][0]
     marks = list(COT_MARK.finditer(text))
     if marks:
-        after = [n for n in _numbers(text) if n[1] >= marks[-1].end()]
+        after = [n for n in numbers_in(text) if n[1] >= marks[-1].end()]
         if after:
             return after[0][0]
     return extract_number(text.replace("####", ""))

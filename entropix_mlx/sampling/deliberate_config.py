@@ -157,7 +157,7 @@ FIRST_TOKEN_VOTE = dict(
 STAGED = dict(first_alternatives=4, first_stage=1, **FIRST_TOKEN_VOTE)
 REASONING_TABLE = "deliberate_reasoning"
 # In entropix_mlx/data: the setting chosen on the dev pool and frozen before the sealed scoring
-# (docs/gated-deliberate.md), written by scripts/gated_replay.py --freeze. It names every field,
+# (docs/gated-deliberate.md), written by research/gated_replay.py --freeze. It names every field,
 # so no card's [deliberate] changes what was scored.
 REASONING_FILE = "deliberate_reasoning.toml"
 

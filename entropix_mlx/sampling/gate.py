@@ -1,6 +1,6 @@
 """The gated `deliberate` rules' measurements of a chain (docs/gated-deliberate.md):
 pure functions over its per-token log-probabilities and measures, shared by the live
-decoder (decode/gated.py) and the offline replay (scripts/gated_replay.py), so that
+decoder (decode/gated.py) and the offline replay (research/gated_replay.py), so that
 the two can never read a chain differently."""
 
 WINDOW = 16  # DeepConf's group of consecutive tokens

@@ -3,12 +3,11 @@
 number of tokens; rounds alternate between the two settings so that other load
 on the machine hits both alike.
 
-    python docs/server_throughput.py [--tokens 32] [--rounds 2] [--sampler greedy]
+    python -m research.server_throughput [--tokens 32] [--rounds 2] [--sampler greedy]
 """
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -16,8 +15,7 @@ from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import running_server  # noqa: E402
+from tests.serving import running_server  # noqa: E402
 
 TOPICS = ["cats", "dogs", "rain", "snow", "the sea", "bread", "music", "trees"]
 

@@ -3,7 +3,7 @@
 
     entropix-mlx eval TASKS --split dev --cot -m MODEL --samplers greedy,deliberate \\
         --config wide.toml --items 0-31 --out DIR          # wide.toml: docs/deliberate.md
-    python docs/deliberate_budget.py DIR TASKS --cot
+    python -m research.deliberate_budget DIR TASKS --cot
 
 Every candidate continues greedily from where it split, so a smaller set is the
 same candidates with the others left out, and early stopping is replayed from
@@ -121,7 +121,11 @@ def table(folder, tasks_file, cot, sampler="deliberate", clean="loop_or_length")
     greedy, items = records(folder, sampler)
     items = [r for r in items if r["index"] in greedy]
     log_offline_scoring(
-        folder, tasks_file, ["greedy", sampler], item_range([r["index"] for r in items]), "docs/deliberate_budget.py"
+        folder,
+        tasks_file,
+        ["greedy", sampler],
+        item_range([r["index"] for r in items]),
+        "research/deliberate_budget.py",
     )
     right_of = {}
     for r in items:

@@ -1,7 +1,7 @@
 """Regenerate docs/run.svg: `entropix-mlx run` on the bundled model, rendered by
 the CLI's own render functions into a recording Rich console.
 
-    python docs/screenshot.py
+    python -m research.screenshot
 """
 
 from pathlib import Path
@@ -37,4 +37,4 @@ for event in generation:
     answer.append_text(render.token_text(event.text, event.strategy))
 console.print(answer)
 console.print(render.summary_line(generation.summary()))
-console.save_svg(str(Path(__file__).with_name("run.svg")), title="entropix-mlx run")
+console.save_svg(str(Path(__file__).resolve().parents[1] / "docs" / "run.svg"), title="entropix-mlx run")

@@ -2,7 +2,7 @@
 (docs/deliberate.md, "Time and memory"): greedy, the card's deliberate and
 deliberate_staged, one question at a time, chain of thought.
 
-    python docs/deliberate_cost.py MODEL TASKS [--items 6] [--max-tokens 768]
+    python -m research.deliberate_cost MODEL TASKS [--items 6] [--max-tokens 768]
 
 Peak memory is MLX's, from the start of each answer: the weights plus every
 row's KV cache (a branch's rows share the prompt's cache until they split).

@@ -1,6 +1,6 @@
 """The `serve` figures of docs/distributed.md (Linux: reads /proc): starts
 `entropix-mlx serve` on the bundled model, in one process (`python
-docs/serve_figures.py 1`) or under `mlx.launch -n N` (`... N`), asks one
+research/serve_figures.py 1`) or under `mlx.launch -n N` (`... N`), asks one
 streamed greedy chat completion of the official `openai` client, then leaves the
 server idle and counts the CPU seconds each process of the launch spends.
 Prints one JSON line: the answer's tokens, its timings, the idle CPU seconds."""

@@ -1,15 +1,15 @@
 """Every results table in README.md and docs/ from what docs/records/ holds, and the charts.
 
 A table is marked in its file by the line `<!-- table: NAME -->` right above it; TABLES says
-where its rows come from. A records folder (`scripts/run_records.py pack`) is scored again
+where its rows come from. A records folder (`research/run_records.py pack`) is scored again
 here with today's extractor and summarised as `eval` summarises its `--out` folder; a
 summary kept of a printed table whose records were lost gives rows marked *no records*. A
 table whose rows all have no records is listed in NO_RECORDS and must say so on every row.
-The cost table takes scripts/sampler_costs.py's runs as they were measured and scored
-(scripts/cost_records.py).
+The cost table takes research/sampler_costs.py's runs as they were measured and scored
+(research/cost_records.py).
 
-    python docs/tables.py           # rewrite the tables and charts in place
-    python docs/tables.py --check   # exit 1, naming each table that differs from its records
+    python -m research.tables           # rewrite the tables and charts in place
+    python -m research.tables --check   # exit 1, naming each table that differs from its records
 
 GSM8K's questions are not in the records; a record keeps its expected answer, and a number
 is all the scorer reads of a GSM8K item, so the tasks are rebuilt from the records.
@@ -19,19 +19,31 @@ import argparse
 import functools
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from entropix_mlx.data.make_builtin import generate  # noqa: E402
+from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
+from entropix_mlx.eval.report import (  # noqa: E402
+    format_p,
+    generated_tokens,
+    markdown_table,
+    open_table_rows,
+    pct,
+    plot,
+    strategy_text,
+)
+from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
+from entropix_mlx.eval.stats import holm  # noqa: E402
+from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
+from entropix_mlx.sampling.deliberate_config import shipped_reasoning  # noqa: E402
 
-from acceptance import markdown as acceptance_markdown  # noqa: E402
-from code_check import summarize as summarize_code  # noqa: E402
-from cost_records import markdown as costs_markdown  # noqa: E402
-from cost_records import summarize as summarize_costs  # noqa: E402
-from gated_replay import (  # noqa: E402
+from .acceptance import markdown as acceptance_markdown  # noqa: E402
+from .code_check import summarize as summarize_code  # noqa: E402
+from .cost_records import markdown as costs_markdown  # noqa: E402
+from .cost_records import summarize as summarize_costs  # noqa: E402
+from .gated_replay import (  # noqa: E402
     fixable,
     fixable_markdown,
     held_out,
@@ -43,24 +55,8 @@ from gated_replay import (  # noqa: E402
     ranking_markdown,
     results_per_model,
 )
-from gated_replay import markdown as replay_markdown  # noqa: E402
-from gated_replay import results as replay_results  # noqa: E402
-
-from entropix_mlx.data.make_builtin import generate  # noqa: E402
-from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
-from entropix_mlx.eval.report import (  # noqa: E402
-    _pct,
-    format_p,
-    generated_tokens,
-    markdown_table,
-    open_table_rows,
-    plot,
-    strategy_text,
-)
-from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
-from entropix_mlx.eval.stats import holm  # noqa: E402
-from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
-from entropix_mlx.sampling.deliberate_config import shipped_reasoning  # noqa: E402
+from .gated_replay import markdown as replay_markdown  # noqa: E402
+from .gated_replay import results as replay_results  # noqa: E402
 
 NO_RECORDS = "*no records*"
 MARK = re.compile(r"^<!-- table: (\S+) -->$")
@@ -93,7 +89,7 @@ class Table:
     rows: list[str] | None = None
     # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
     pairs: list[tuple[str, str]] = field(default_factory=list)
-    targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": scripts/acceptance.py's targets
+    targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": research/acceptance.py's targets
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
@@ -158,7 +154,7 @@ def same_greedy(a: dict, b: dict) -> bool:
 
 
 def code_results(table: Table) -> dict:
-    """scripts/code_check.py's records: greedy, then each source's entropix row against it."""
+    """research/code_check.py's records: greedy, then each source's entropix row against it."""
     rows = {}
     for source in table.sources:
         s = summarize_code(ROOT / source.path)
@@ -251,7 +247,7 @@ def pool_rows(table: Table) -> dict:
 def read_by_kind(table: Table) -> dict | None:
     """The results of a table that is not rows of samplers (None for one that is)."""
     folder = ROOT / table.sources[0].path
-    if table.kind == "costs":  # scripts/sampler_costs.py's runs, every one in the folder
+    if table.kind == "costs":  # research/sampler_costs.py's runs, every one in the folder
         return summarize_costs(folder, ROOT)
     if table.kind == "code":
         return code_results(table)
@@ -263,7 +259,7 @@ def read_by_kind(table: Table) -> dict | None:
         return held_out(chosen, *(ROOT / s.path for s in check), also=tuple(table.rows or ()))
     if table.kind == "live-replay":
         return live_against_replay(folder, ROOT / table.sources[1].path)
-    if table.kind.startswith("replay"):  # scripts/gated_replay.py's rules over one pool
+    if table.kind.startswith("replay"):  # research/gated_replay.py's rules over one pool
         return replay_results_once(folder)
     if table.kind in ("ranking", "fixable"):
         return pool_rows(table)
@@ -330,8 +326,8 @@ def cell(column: str, s: dict, greedy: dict) -> str:
         "gen tokens (× greedy)": lambda: f"{tokens:.1f} ({tokens / generated_tokens(greedy):.2f})",
         "s/answer": lambda: f"{s['seconds_per_answer']:.2f}",
         "wall s / answer": lambda: f"{s['seconds_per_answer']:.1f}",
-        "cut off": lambda: _pct(s.get("cut_off")),
-        "no answer": lambda: _pct(s.get("no_answer")),
+        "cut off": lambda: pct(s.get("cut_off")),
+        "no answer": lambda: pct(s.get("no_answer")),
         "W/L/T vs greedy": lambda: f"{vs['wins']}/{vs['losses']}/{vs['ties']}" if vs else "",
         "p": lambda: format_p(vs["p_value"]) if vs else "",
         "p Holm": lambda: format_p(vs["p_holm"]) if vs else "",
@@ -697,7 +693,7 @@ def problems(write: bool, paths: list[Path] | None = None, tables: dict | None =
                 out += no_records_problems(path, name, span)
                 continue
             if name not in tables:
-                out.append(f"{path.name}: table {name} is not in docs/tables.py's TABLES")
+                out.append(f"{path.name}: table {name} is not in research/tables.py's TABLES")
                 continue
             if name not in built:
                 built[name] = merged(tables[name])
@@ -707,7 +703,9 @@ def problems(write: bool, paths: list[Path] | None = None, tables: dict | None =
                 text[span[0] : span[1]] = want
         if write:
             path.write_text("\n".join(text) + "\n")
-    out += [f"table {name} is in docs/tables.py's TABLES but in no document" for name in tables if name not in placed]
+    out += [
+        f"table {name} is in research/tables.py's TABLES but in no document" for name in tables if name not in placed
+    ]
     if write:
         for name, results in built.items():
             if tables[name].chart:

@@ -6,8 +6,8 @@ branches inside the chain), each stopped early by its running confidence if the 
 so, and takes a CISC vote. A candidate's tokens are exactly the pool's: a branch continued
 greedily from a prefix is the same whether it started during the greedy chain or after it.
 
-    python scripts/gated_replay.py POOL_DIR [--json OUT.json] [--freeze SETTING.toml]
-    python scripts/gated_replay.py --per-model STAGED_DIR... [--json OUT.json] [--freeze SETTING.toml]
+    python -m research.gated_replay POOL_DIR [--json OUT.json] [--freeze SETTING.toml]
+    python -m research.gated_replay --per-model STAGED_DIR... [--json OUT.json] [--freeze SETTING.toml]
 
 POOL_DIR is an `eval --out` folder (or a docs/records/ pack: its gzipped parts are read); with
 --per-model, live `deliberate_staged` runs (or wide pools) over different items, read as one pool.
@@ -23,20 +23,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from run_records import packed_records  # noqa: E402
-
 from entropix_mlx.eval.calibrate import toml_value  # noqa: E402
 from entropix_mlx.eval.report import format_p  # noqa: E402
 from entropix_mlx.eval.scoring import parse_number  # noqa: E402
 from entropix_mlx.eval.stats import paired_comparison, paired_difference, wilson_interval  # noqa: E402
 from entropix_mlx.sampling import gate as gates  # noqa: E402
-from entropix_mlx.sampling.answers import _numbers  # noqa: E402
+from entropix_mlx.sampling.answers import numbers_in  # noqa: E402
 from entropix_mlx.sampling.deliberate_config import REASONING_TABLE, DeliberateConfig  # noqa: E402
 from entropix_mlx.sampling.gate import SIGNALS, WINDOW  # noqa: E402
 from entropix_mlx.sampling.settings import read_toml  # noqa: E402
+
+from .run_records import packed_records
 
 VOTE_TEMPERATURE = 0.1
 QUANTILES = (0.2, 0.35, 0.5, 0.65, 0.8)
@@ -108,7 +105,7 @@ def candidates(record: dict) -> list[Cand]:
                 c["logprobs"],
                 c.get("measures", {}),
                 c["answer_margin"],
-                values=frozenset(value for value, _, _ in _numbers(c.get("text", ""))),
+                values=frozenset(value for value, _, _ in numbers_in(c.get("text", ""))),
             )
         )
     firsts_sorted = sorted((c for c in out if c.kind == "first"), key=lambda c: -c.logprobs[0])
@@ -611,7 +608,7 @@ def frozen(folder: Path, res: dict) -> str:
         "# Frozen before the sealed scoring: the dev pool's [deliberate] table",
         "# (docs/records/dev_q05_wide/pool.toml) with the gate of the rule that the selection rule of",
         f"# docs/gated-deliberate.md chose on its {res['items']} items: {res['chosen']['rule']}.",
-        "# Written by scripts/gated_replay.py --freeze from the committed records; a test holds it to them.",
+        "# Written by research/gated_replay.py --freeze from the committed records; a test holds it to them.",
     ]
     return setting_text(head, REASONING_TABLE, read_toml(folder / "pool.toml")["deliberate"], res["chosen"])
 
@@ -640,7 +637,7 @@ def next_freeze(folders: tuple[Path, ...], res: dict) -> str:
         f"# pools of {configs[0]['model']} ({', '.join(f.name for f in folders)}) with the gate of the",
         f"# rule that the selection rule of docs/gated-deliberate.md chose on their {res['items']} items:",
         f"# {res['chosen']['rule']}.",
-        "# Written by scripts/gated_replay.py --per-model --freeze from the committed records; a test",
+        "# Written by research/gated_replay.py --per-model --freeze from the committed records; a test",
         "# holds it to them. Run it: entropix-mlx run --reasoning --sampler deliberate --config THIS_FILE",
     ]
     return setting_text(head, "deliberate", configs[0]["samplers"]["deliberate_staged"], res["chosen"])

@@ -1,4 +1,4 @@
-"""Issue 64's acceptance targets, read off one sealed scoring's summary (docs/tables.py,
+"""Issue 64's acceptance targets, read off one sealed scoring's summary (research/tables.py,
 kind "acceptance"): each target with the figure reached and whether it holds.
 
 The targets are the issue's, as written before the scoring: greedy cut off on at most

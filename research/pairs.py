@@ -2,7 +2,7 @@
 items (docs/evaluation.md, the equal-cost table): W/L/T, the exact p and the
 difference's interval, as `eval` gives them between the rows of one folder.
 
-    python docs/pairs.py TASKS --cot DIR:ROW DIR:ROW [DIR:ROW ...]
+    python -m research.pairs TASKS --cot DIR:ROW DIR:ROW [DIR:ROW ...]
 
 ROW is a sampler in its folder, or a vote row such as "self_consistency k=4" or
 "cisc k=4", recomputed from the stored samples as `eval` does. Every row after
@@ -50,7 +50,7 @@ def main():
     tasks = {i: tasks[i] for i in first}
     for folder in dict.fromkeys(spec.partition(":")[0] for spec in args.rows):
         rows = [spec.partition(":")[2] for spec in args.rows if spec.partition(":")[0] == folder]
-        log_offline_scoring(folder, args.tasks, rows, item_range(list(tasks)), "docs/pairs.py")
+        log_offline_scoring(folder, args.tasks, rows, item_range(list(tasks)), "research/pairs.py")
 
     def tokens(records):
         return sum(r.get("tokens_spent", r["tokens"]) for r in records.values()) / len(records)

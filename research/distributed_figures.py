@@ -1,6 +1,6 @@
 """The tensor-parallel figures of docs/distributed.md: weight bytes per rank and
-greedy decode speed of the bundled model, whole (`python docs/distributed_figures.py`)
-or split across N ranks (`mlx.launch -n 3 -- python docs/distributed_figures.py`).
+greedy decode speed of the bundled model, whole (`python -m research.distributed_figures`)
+or split across N ranks (`mlx.launch -n 3 -- python -m research.distributed_figures`).
 Rank 0 prints one JSON line."""
 
 # ruff: noqa: E402

@@ -1,8 +1,8 @@
 """Greedy against Entropix on our own small Python function tasks, execution-checked.
 
-    python scripts/code_check.py --model MODEL --out records.jsonl [--prompts scripts/code_prompts.jsonl]
+    python -m research.code_check --model MODEL --out records.jsonl [--prompts research/code_prompts.jsonl]
         [--only 0-9] [--config my.toml] [--set branch_decide_tokens=4 ...] [--samplers greedy,entropix]
-    python scripts/code_check.py --summarize records.jsonl
+    python -m research.code_check --summarize records.jsonl
 
 Each answer's first ```python block (else the whole answer) runs with the task's
 asserts in `python -I` in a fresh temporary directory (10 s); a pass is exit 0.

@@ -2,17 +2,15 @@
 model, in Debian's Chromium driven by Playwright, one answer streamed and one
 token hovered.
 
-    python docs/server_screenshot.py
+    python -m research.server_screenshot
 """
 
-import sys
 import tempfile
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import CHROMIUM_ARGS, chromium_path, running_server  # noqa: E402
+from tests.serving import CHROMIUM_ARGS, chromium_path, running_server  # noqa: E402
 
 PROMPT = "Why is the sky blue?"
 
@@ -37,5 +35,5 @@ with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp) / "serve.log
         timeout=300_000,
     )
     page.locator(".msg.assistant .tok").nth(1).hover()
-    page.screenshot(path=str(Path(__file__).with_name("server.png")))
+    page.screenshot(path=str(Path(__file__).resolve().parents[1] / "docs" / "server.png"))
     context.close()

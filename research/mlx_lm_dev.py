@@ -5,7 +5,7 @@ rollouts on the model), without the attention scores alone, and as
 scores, no model to roll branches out on, a thinking text fed one token per
 step), on the same batch engine.
 
-    python docs/mlx_lm_dev.py [--split dev] [--out DIR]
+    python -m research.mlx_lm_dev [--split dev] [--out DIR]
 """
 
 import argparse

@@ -9,8 +9,8 @@ Each `pack` adds parts holding only the records the earlier parts lack, so the
 repository's history holds each record once however often a growing run is packed.
 A part stays under PART_BYTES, so no file the repository tracks grows past 2 MB.
 
-    python scripts/run_records.py pack runs/q15 docs/records/q15
-    python scripts/run_records.py unpack docs/records/q15 runs/q15 ../shared/data/gsm8k_test.jsonl
+    python -m research.run_records pack runs/q15 docs/records/q15
+    python -m research.run_records unpack docs/records/q15 runs/q15 ../shared/data/gsm8k_test.jsonl
 """
 
 import argparse
@@ -19,8 +19,6 @@ import json
 import shutil
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropix_mlx.eval.tasks import load_tasks  # noqa: E402
 

@@ -2,8 +2,8 @@
 built-in dev items once with the widest setting, store every candidate, then
 compare every selector and candidate set offline on that file.
 
-    python docs/deliberate_dev.py generate /tmp/dev.jsonl [--limit N]
-    python docs/deliberate_dev.py table /tmp/dev.jsonl
+    python -m research.deliberate_dev generate /tmp/dev.jsonl [--limit N]
+    python -m research.deliberate_dev table /tmp/dev.jsonl
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""The records of scripts/sampler_costs.py, and the table docs/tables.py builds from them.
+"""The records of research/sampler_costs.py, and the table research/tables.py builds from them.
 
 A run writes RUN.jsonl.gz (one answer a line: the sampler, the item's index, what it spent
 and how long it took, whether it was cut off and right, the machine's condition) and
@@ -17,7 +17,7 @@ from pathlib import Path
 
 CONDITIONS = ("quiet", "busy")
 RECORDS_SUFFIX = ".jsonl.gz"
-NOTHING_YET = "*no records yet: scripts/sampler_costs.py writes them*"
+NOTHING_YET = "*no records yet: research/sampler_costs.py writes them*"
 COLUMNS = [
     "gen tokens / answer (× greedy)",
     "s / answer quiet: median (mean)",

@@ -2,8 +2,8 @@
 candidate counted, the wall seconds from the request to the final answer, whether it was
 cut off and whether it is right, on a quiet machine or beside a busy neighbour.
 
-    python scripts/sampler_costs.py MODEL TASKS --cot --items 0-1 --max-tokens 768
-    python scripts/sampler_costs.py MODEL TASKS --cot --items 0-1 --max-tokens 768 --busy
+    python -m research.sampler_costs MODEL TASKS --cot --items 0-1 --max-tokens 768
+    python -m research.sampler_costs MODEL TASKS --cot --items 0-1 --max-tokens 768 --busy
 
 One question at a time, as `entropix-mlx run` answers. The model loads once (its start is
 not counted; docs/speed.md has start times) and each sampler answers the first item with a
@@ -18,7 +18,7 @@ rollouts are not candidate answers, so they show in its seconds, not in its toke
 
 Records: docs/records/sampler_costs/MODEL-CONDITION.jsonl.gz, one answer a line with the
 item's index (never its question), and the run's settings in the .json beside it
-(scripts/cost_records.py). The same command again resumes after Ctrl-C.
+(research/cost_records.py). The same command again resumes after Ctrl-C.
 """
 
 # ruff: noqa: E402  (the imports after enable())
@@ -36,14 +36,10 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import entropix_mlx.accel
 
 entropix_mlx.accel.enable()  # the CLI's compute path: before anything imports mlx
-
-from cost_records import markdown, read_records, settings_path, table_rows, write_records, write_settings
 
 from entropix_mlx.accel.weights import default_weights, describe
 from entropix_mlx.api import load_model, prompt_ids
@@ -55,6 +51,8 @@ from entropix_mlx.eval.runner import item_range
 from entropix_mlx.eval.store import sampler_settings
 from entropix_mlx.front import EVAL_SAMPLER_NAMES, choose
 from entropix_mlx.sampling.voting import VoteConfig
+
+from .cost_records import markdown, read_records, settings_path, table_rows, write_records, write_settings
 
 RECORDS = ROOT / "docs" / "records" / "sampler_costs"
 SAMPLERS = "greedy,entropix,deliberate,deliberate_staged,self_consistency,cisc"
@@ -195,7 +193,7 @@ def run_settings(loaded, tasks, names, options: Options, condition: str, tasks_n
         choice = choose(name, {}, EVAL_SAMPLER_NAMES)
         samplers[name] = sampler_settings(loaded.sampler(choice.name, **overrides(choice, options)))
     return {
-        "script": "scripts/sampler_costs.py",
+        "script": "research/sampler_costs.py",
         "model": loaded.name,
         "model_file": loaded.source.path.name,
         "model_sha256": model_sha256(loaded.source.path),

@@ -2,9 +2,9 @@
 (docs/deliberate.md, "Degenerate answers and the 2025 selectors").
 
     entropix-mlx eval --builtin --split dev --samplers greedy,deliberate --out DIR
-    python docs/deliberate_select.py certainty DIR     # self-certainty: one pass per candidate
-    python docs/deliberate_select.py table DIR
-    python docs/deliberate_select.py table DIR --tasks ../shared/data/gsm8k_test.jsonl --cot
+    python -m research.deliberate_select certainty DIR     # self-certainty: one pass per candidate
+    python -m research.deliberate_select table DIR
+    python -m research.deliberate_select table DIR --tasks ../shared/data/gsm8k_test.jsonl --cot
 """
 
 import argparse
@@ -100,7 +100,11 @@ def table(folder, tasks_file=None, cot=False):
     greedy, items = records(folder)
     where = tasks_file or builtin_tasks_path()
     log_offline_scoring(
-        folder, where, ["greedy", "deliberate"], item_range([r["index"] for r in items]), "docs/deliberate_select.py"
+        folder,
+        where,
+        ["greedy", "deliberate"],
+        item_range([r["index"] for r in items]),
+        "research/deliberate_select.py",
     )
     kl_file = Path(folder) / "certainty.jsonl"
     kl = {json.loads(line)["index"]: json.loads(line)["kl"] for line in open(kl_file)} if kl_file.exists() else {}

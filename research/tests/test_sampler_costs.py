@@ -1,21 +1,18 @@
-"""scripts/sampler_costs.py: what one answer costs, sampler by sampler, with every
+"""research/sampler_costs.py: what one answer costs, sampler by sampler, with every
 candidate's tokens counted, kept as records without the questions that resume where
 they stopped, beside a neighbour that always ends."""
 
 import contextlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 
 from entropix_mlx.eval import load_tasks, score
+from research import sampler_costs
+from tests.conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("sampler_costs", ROOT / "scripts" / "sampler_costs.py")
-sampler_costs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sampler_costs)
+ROOT = Path(__file__).resolve().parents[2]
 
 QUESTIONS = [("What is 2 + 3?", "5"), ("What is 4 + 4?", "8")]
 SAMPLERS = ["greedy", "entropix", "deliberate", "deliberate_staged", "self_consistency", "cisc"]

@@ -1,6 +1,5 @@
-"""scripts/gated_replay.py's selection rule and its tables (docs/gated-deliberate.md)."""
+"""research/gated_replay.py's selection rule and its tables (docs/gated-deliberate.md)."""
 
-import importlib.util
 import json
 import tomllib
 from dataclasses import replace
@@ -8,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gated_replay", ROOT / "scripts" / "gated_replay.py")
-replay = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(replay)
+from research import gated_replay as replay
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def row(rule, accuracy, x_greedy, reads=True):

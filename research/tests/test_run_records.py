@@ -1,8 +1,7 @@
-"""scripts/run_records.py: an eval folder kept in the repository without the data set's
+"""research/run_records.py: an eval folder kept in the repository without the data set's
 questions, and brought back so that eval resumes from it."""
 
 import gzip
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -11,11 +10,9 @@ import pytest
 
 from entropix_mlx.eval.store import ResultStore, digest
 from entropix_mlx.eval.tasks import load_tasks
+from research import run_records
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("run_records", ROOT / "scripts" / "run_records.py")
-run_records = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_records)
+ROOT = Path(__file__).resolve().parents[2]
 
 IDENTITY = {"model": "m", "max_tokens": 8, "prompt_version": 1, "split": "test", "samplers": {"greedy": {}}}
 

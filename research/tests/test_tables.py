@@ -1,18 +1,15 @@
-"""docs/tables.py: the published results tables are what the committed records give,
+"""research/tables.py: the published results tables are what the committed records give,
 rows whose records were lost say so, joining runs pairs and corrects them as one, and
 the cost table compares each sampler's answers with greedy's on the same items."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("tables", ROOT / "docs" / "tables.py")
-tables = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tables)
-cost_records = importlib.import_module("cost_records")  # scripts/, on the path tables.py gives itself
+from research import cost_records, tables
+
+ROOT = Path(__file__).resolve().parents[2]
 
 COLUMNS = ["accuracy", "gen tokens", "W/L/T vs greedy", "p Holm", "records"]
 
@@ -89,7 +86,7 @@ def test_a_changed_figure_an_unmarked_table_an_unplaced_table_and_a_no_records_r
     doc.write_text(f"<!-- table: t -->\n{good}\n\ntext\n")
     assert tables.problems(write=False, paths=[doc], tables={"t": table}) == []
     assert tables.problems(write=False, paths=[doc], tables={"t": table, "u": table}) == [
-        "table u is in docs/tables.py's TABLES but in no document"
+        "table u is in research/tables.py's TABLES but in no document"
     ]
     doc.write_text(f"<!-- table: t -->\n{good.replace('60.0%', '61.0%')}\n\n| sampler | x |\n| --- | --- |\n")
     found = tables.problems(write=True, paths=[doc], tables={"t": table})
@@ -106,7 +103,7 @@ def test_a_changed_figure_an_unmarked_table_an_unplaced_table_and_a_no_records_r
 
 
 def cost_run(folder, condition, rows):
-    """A scripts/sampler_costs.py run: rows of (sampler, index, tokens, seconds, correct, cut off, extra)."""
+    """A research/sampler_costs.py run: rows of (sampler, index, tokens, seconds, correct, cut off, extra)."""
     folder.mkdir(exist_ok=True)
     records = [
         {"sampler": s, "index": i, "tokens": t, "seconds": sec, "correct": ok, "cut_off": cut, "condition": condition}
