@@ -232,3 +232,54 @@ def test_page_colours_are_the_terminal_recordings():
     assert info["spare_colors"] == [rich_hex(c) for c in SPARE_COLORS]
     assert info["legends"]["greedy"] == ["argmax"] and info["legends"]["no-such-sampler"] == []
     assert info["legends"]["deliberate"] == ["argmax", "split", "branch"]
+
+
+OPEN_ADDRESS = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+    "required": ["name", "address"],
+    "additionalProperties": False,
+}
+
+
+def strict_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+
+
+def strict_tool(parameters):
+    return [{"type": "function", "function": {"name": "save", "parameters": parameters, "strict": True}}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        (
+            {"response_format": strict_format(OPEN_ADDRESS)},
+            "response_format.json_schema.schema.properties.address",
+            "additionalProperties",
+        ),
+        (
+            {"response_format": strict_format({**OPEN_ADDRESS, "required": ["address"]})},
+            "response_format.json_schema.schema",
+            "'name' is not in 'required'",
+        ),
+        ({"tools": strict_tool(OPEN_ADDRESS)}, "tools[0].function.parameters.properties.address", "function 'save'"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]},
+            "tools[0].function.strict",
+            "true or false",
+        ),
+    ],
+)
+def test_a_strict_schema_that_breaks_openais_rules_is_a_400_naming_its_path(fields, param, words):
+    with pytest.raises(APIError) as e:
+        parse(chat_body(**fields), True, SAMPLER_NAMES)
+    assert e.value.status == 400 and e.value.param == param and words in e.value.message
+
+
+def test_a_non_strict_schema_is_taken_as_given():
+    loose = {"type": "json_schema", "json_schema": {"schema": OPEN_ADDRESS}}
+    assert parse(chat_body(response_format=loose), True, SAMPLER_NAMES).json_schema == OPEN_ADDRESS

@@ -12,7 +12,7 @@ parameter schema (`call_grammar`)."""
 import json
 import uuid
 
-from ..sampling.constraint import JSON_LAYOUT
+from ..sampling.constraint import JSON_LAYOUT, closed
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -124,7 +124,7 @@ def call_schema(tools: list[dict], name: str | None = None) -> dict:
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": closed(f.get("parameters") or {"type": "object"}),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

@@ -30,7 +30,7 @@ from ..sampling.config import THRESHOLDS, resolve_config
 from ..sampling.constraint import SchemaError
 from .engine import Engine, Job, random_seed
 from .responses import Answer
-from .schema import APIError, config_error, parse
+from .schema import APIError, config_error, in_schema, parse
 from .strategies import page_info
 from .transport import MAX_BODY, error_response, read_body, relay, sse
 
@@ -107,7 +107,7 @@ class Server:
                 where = "messages" if chat else "prompt"
                 raise APIError(400, str(e), where, code="context_length_exceeded") from None
             except SchemaError as e:
-                where = "tools" if grammar else "response_format.json_schema.schema" + e.path.replace("/", ".")
+                where = "tools" if grammar else in_schema("response_format.json_schema.schema", e.path)
                 raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None

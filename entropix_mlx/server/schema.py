@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..sampling.constraint import strict_problem
 from ..sampling.parameters import PARAMETERS
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -174,6 +175,26 @@ def _tool_calls(calls, i: int) -> list[dict]:
     return out
 
 
+def in_schema(param: str, pointer: str) -> str:
+    """The request field of the part `pointer` (a JSON pointer) of the schema at `param`."""
+    return param + pointer.replace("/", ".")
+
+
+def _check_strict(spec: dict, where: str, key: str, what: str) -> None:
+    """`spec` (at the request field `where`) with `strict` true: its schema (`key`)
+    must keep OpenAI's strict rules."""
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad(f"{where}.strict", f"'strict' must be true or false, got {strict!r}")
+    problem = strict_problem(spec[key]) if strict and key in spec else None
+    if problem:
+        pointer, message = problem
+        raise bad(
+            in_schema(f"{where}.{key}", pointer),
+            f"invalid strict schema for {what} at {pointer or '/'}: {message}; or leave 'strict' out",
+        )
+
+
 def _tools(body) -> tuple[list[dict] | None, str | None]:
     """(the tools, the call asked for: None for "auto", "none", "required" or a
     tool's name)."""
@@ -190,6 +211,7 @@ def _tools(body) -> tuple[list[dict] | None, str | None]:
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
             raise bad(f"tools[{i}].function.parameters", "a tool's parameters must be a JSON schema of an object")
+        _check_strict(function, f"tools[{i}].function", "parameters", f"function '{function['name']}'")
         out.append({"type": "function", "function": {**function, "parameters": parameters}})
     choice = body.get("tool_choice", "auto")
     names = [t["function"]["name"] for t in out]
@@ -230,7 +252,8 @@ def _response_format(body) -> dict | None:
     """The JSON schema answers are held to (None: plain text). OpenAI's shapes:
     {"type": "json_object"}, any JSON object; {"type": "json_schema", "json_schema":
     {"name", "schema", "strict"}}. The grammar holds every answer to the schema,
-    strict or not (OpenAI's strict mode asks no more)."""
+    strict or not, its objects closed (sampling/constraint.py); a strict one must
+    also keep OpenAI's strict rules."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -247,9 +270,7 @@ def _response_format(body) -> dict | None:
                 "'response_format.json_schema' must be an object with a 'schema' object "
                 '(and optionally a \'name\' and \'strict\'), e.g. {"name": "person", "schema": {"type": "object"}}',
             )
-        strict = spec.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise bad("response_format.json_schema.strict", f"'strict' must be true or false, got {strict!r}")
+        _check_strict(spec, "response_format.json_schema", "schema", f"response_format '{spec.get('name', '')}'")
         return spec.get("schema", ANY_OBJECT)
     raise bad("response_format", f"'response_format' must be of type text, json_object or json_schema, got {fmt!r}")
 
