@@ -163,6 +163,7 @@ class Server:
         for answer in answers:
             answer.structured = p.json_schema is not None
             answer.tools = tuple(t["function"]["name"] for t in p.tools or ())
+            answer.no_calls = p.no_calls
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
@@ -250,7 +251,7 @@ class Server:
                 text, records, entries = (
                     x + y for x, y in zip(pending[index], (out[0], out[1], out[2] or []), strict=True)
                 )
-                if answer.tools:  # a tool call's text is never streamed as content
+                if answer.reads_calls:  # a tool call's text is never streamed as content
                     text = answer.content_delta()
                 # Text held back (a possible stop string, an unfinished UTF-8
                 # character) travels with the token that completes it.

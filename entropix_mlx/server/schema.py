@@ -58,6 +58,7 @@ class Params:
     n: int = 1  # choices
     tools: list | None = None  # the tools the model is told of (None: none, or tool_choice "none")
     tool_call: str | None = None  # "required", a tool's name (that call only), None: the model decides
+    no_calls: bool = False  # tool_choice "none" with tools: call markup written anyway is no content
 
 
 def _is_int(v) -> bool:
@@ -195,12 +196,12 @@ def _check_strict(spec: dict, where: str, key: str, what: str) -> None:
         )
 
 
-def _tools(body) -> tuple[list[dict] | None, str | None]:
-    """(the tools, the call asked for: None for "auto", "none", "required" or a
-    tool's name)."""
+def _tools(body) -> tuple[list[dict] | None, str | None, bool]:
+    """(the tools, the call asked for: None for "auto", "required" or a tool's
+    name, whether call markup is dropped: "none")."""
     tools = body.get("tools")
     if tools is None:
-        return None, None
+        return None, None, False
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list of {type: function, function: {name, description, parameters}}")
     out = []
@@ -219,10 +220,11 @@ def _tools(body) -> tuple[list[dict] | None, str | None]:
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if name not in names:
             raise bad("tool_choice", f"'tool_choice' names no tool of the request: {json.dumps(choice)[:80]}")
-        return out, name
+        return out, name, False
     if choice not in ("auto", "none", "required"):
         raise bad("tool_choice", f"'tool_choice' must be auto, none, required or a function, got {choice!r}")
-    return (None if choice == "none" else out), (choice if choice == "required" else None)
+    none = choice == "none"
+    return (None if none else out), (choice if choice == "required" else None), none
 
 
 def _prompt(body) -> str:
@@ -294,7 +296,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     p.reasoning = _boolean(body, "reasoning")
     p.json_schema = _response_format(body)
     if chat:
-        p.tools, p.tool_call = _tools(body)
+        p.tools, p.tool_call, p.no_calls = _tools(body)
         if p.tool_call and p.json_schema is not None:
             raise bad("tool_choice", "a required tool call and a response_format both hold the answer: ask for one")
     p.n = _integer(body, "n", 1, MAX_CHOICES) or 1
