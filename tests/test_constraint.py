@@ -10,8 +10,9 @@ import pytest
 from conftest import make_tiny_model
 
 from entropix_mlx.decode.fields import json_fields, leaves
+from entropix_mlx.decode.tools import CALL_OPEN, call_grammar
 from entropix_mlx.front import LoadedModel, ModelCard, choose
-from entropix_mlx.sampling.constraint import SchemaError
+from entropix_mlx.sampling.constraint import SchemaError, strict_problem
 
 PERSON = {
     "type": "object",
@@ -137,3 +138,68 @@ def test_the_mask_keeps_the_allowed_tokens_logits_and_rules_out_the_rest(tiny_lo
     brace = allowed[0]
     after = constraint.allowed([brace])
     assert not after[brace] and constraint.allowed([]).tolist() == [i == brace for i in range(len(after))]
+
+
+def allows(constraint, tokenizer, text: str, char: str) -> bool:
+    """Whether `constraint` lets `char` follow the answer `text`."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return bool(constraint.allowed(ids)[tokenizer.encode(char, add_special_tokens=False)[0]])
+
+
+A = {"a": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "comma"),
+    [
+        ({"type": "object", "properties": A}, '{"a": 1', False),
+        ({"type": "object", "properties": {"o": {"type": "object", "properties": A}}}, '{"o": {"a": 1', False),
+        ({"$defs": {"D": {"properties": A}}, "type": "array", "items": {"$ref": "#/$defs/D"}}, '[{"a": 1', False),
+        ({"type": "object", "properties": {**A, "b": {"type": "string"}}}, '{"a": 1', True),  # b stays optional
+        ({"type": "object", "properties": A, "additionalProperties": True}, '{"a": 1', True),
+        ({"type": "object", "properties": A, "additionalProperties": {"type": "integer"}}, '{"a": 1', True),
+        ({"type": "object"}, '{"a": 1', True),  # an object that lists nothing: any object
+    ],
+)
+def test_an_object_that_lists_its_properties_allows_no_other_key_unless_it_says_so(tiny_loaded, schema, text, comma):
+    constraint = tiny_loaded.constraint(schema)
+    assert allows(constraint, tiny_loaded.tokenizer, text, "}")
+    assert allows(constraint, tiny_loaded.tokenizer, text, ",") == comma
+
+
+def test_a_tools_arguments_without_additional_properties_allow_no_other_key(tiny_loaded):
+    weather = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    constraint = tiny_loaded.constraint(lark=call_grammar([{"type": "function", "function": weather}]))
+    text = f'{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"city": "Paris"'
+    assert allows(constraint, tiny_loaded.tokenizer, text, "}")
+    assert not allows(constraint, tiny_loaded.tokenizer, text, ",")
+
+
+CLOSED = {"type": "object", "properties": A, "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(
+    ("schema", "path", "words"),
+    [
+        ({"type": "object", "properties": A, "required": ["a"]}, "", '"additionalProperties": false'),
+        ({**CLOSED, "required": []}, "", "'a' is not in 'required'"),
+        ({**CLOSED, "properties": {"a": {"type": "object"}}}, "/properties/a", '"additionalProperties": false'),
+        (
+            {**CLOSED, "properties": {"a": {"type": "array", "items": {"properties": A}}}},
+            "/properties/a/items",
+            "false",
+        ),
+        ({**CLOSED, "$defs": {"D": {**CLOSED, "additionalProperties": True}}}, "/$defs/D", "false"),
+        ({"anyOf": [CLOSED]}, "", "the root of a strict schema must be an object"),
+        ({"type": "array", "items": CLOSED}, "", "the root of a strict schema must be an object"),
+    ],
+)
+def test_a_strict_schema_that_breaks_openais_rules_names_where(schema, path, words):
+    where, message = strict_problem(schema)
+    assert where == path and words in message
+
+
+def test_a_closed_strict_schema_keeps_openais_rules():
+    nullable = {"type": ["string", "null"]}
+    schema = {**CLOSED, "properties": {**A, "n": nullable, "o": CLOSED}, "required": ["a", "n", "o"]}
+    assert strict_problem(schema) is None and strict_problem(CLOSED) is None

@@ -172,6 +172,28 @@ def test_the_sdks_parse_gives_an_object_on_the_bundled_model_and_n_gives_three(c
     assert [c.index for c in three.choices] == [0, 1, 2]
 
 
+def test_the_docs_tool_call_on_the_bundled_model_has_exactly_the_declared_keys_and_a_cut_one_no_markup(client):
+    tools = [  # docs/server.md's example: its parameters do not say additionalProperties
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city now.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    asks = ("the weather in Paris?", "Is it raining in Tokyo?", "A coat in Berlin today?", "How hot is Cairo?", "Lima?")
+    for text in asks:
+        out = chat(client, text, tools=tools, tool_choice="required", max_tokens=400, seed=0)
+        assert json.loads(out.choices[0].message.tool_calls[0].function.arguments).keys() == {"city"}, text
+    for stream in (False, True):
+        out = chat(client, asks[0], tools=tools, tool_choice="required", max_tokens=24, seed=0, stream=stream)
+        chunks = list(out) if stream else [out]
+        content = "".join((c.choices[0].delta if stream else c.choices[0].message).content or "" for c in chunks)
+        assert chunks[-1].choices[0].finish_reason == "length" and "<tool_call>" not in content and content == ""
+
+
 def test_completions_endpoint(client):
     r = client.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=4, logprobs=2, extra_body={"sampler": "greedy"}

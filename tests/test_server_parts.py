@@ -1,5 +1,6 @@
 """The server's parts without HTTP: stop strings over streamed text, the
-prompt-prefix cache, request validation. Tiny models only: milliseconds."""
+prompt-prefix cache, request validation, tool calls read from an answer. Tiny
+models only: milliseconds."""
 
 import mlx.core as mx
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from entropix_mlx.front.registry import SAMPLER_NAMES
 from entropix_mlx.model.cache import make_cache
 from entropix_mlx.server.prefix_cache import PrefixCache
+from entropix_mlx.server.responses import Answer
 from entropix_mlx.server.schema import APIError, parse
 from entropix_mlx.server.stops import StopScanner
 
@@ -232,3 +234,118 @@ def test_page_colours_are_the_terminal_recordings():
     assert info["spare_colors"] == [rich_hex(c) for c in SPARE_COLORS]
     assert info["legends"]["greedy"] == ["argmax"] and info["legends"]["no-such-sampler"] == []
     assert info["legends"]["deliberate"] == ["argmax", "split", "branch"]
+
+
+OPEN_ADDRESS = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+    "required": ["name", "address"],
+    "additionalProperties": False,
+}
+
+
+def strict_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+
+
+def strict_tool(parameters):
+    return [{"type": "function", "function": {"name": "save", "parameters": parameters, "strict": True}}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        (
+            {"response_format": strict_format(OPEN_ADDRESS)},
+            "response_format.json_schema.schema.properties.address",
+            "additionalProperties",
+        ),
+        (
+            {"response_format": strict_format({**OPEN_ADDRESS, "required": ["address"]})},
+            "response_format.json_schema.schema",
+            "'name' is not in 'required'",
+        ),
+        ({"tools": strict_tool(OPEN_ADDRESS)}, "tools[0].function.parameters.properties.address", "function 'save'"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]},
+            "tools[0].function.strict",
+            "true or false",
+        ),
+    ],
+)
+def test_a_strict_schema_that_breaks_openais_rules_is_a_400_naming_its_path(fields, param, words):
+    with pytest.raises(APIError) as e:
+        parse(chat_body(**fields), True, SAMPLER_NAMES)
+    assert e.value.status == 400 and e.value.param == param and words in e.value.message
+
+
+def test_a_non_strict_schema_is_taken_as_given():
+    loose = {"type": "json_schema", "json_schema": {"schema": OPEN_ADDRESS}}
+    assert parse(chat_body(response_format=loose), True, SAMPLER_NAMES).json_schema == OPEN_ADDRESS
+
+
+def test_tool_choice_none_tells_of_no_tool_and_drops_call_markup():
+    tools = strict_tool({"type": "object", "properties": {}, "additionalProperties": False})
+    none = parse(chat_body(tools=tools, tool_choice="none"), True, SAMPLER_NAMES)
+    auto = parse(chat_body(tools=tools), True, SAMPLER_NAMES)
+    assert (none.tools, none.no_calls) == (None, True) and (len(auto.tools), auto.no_calls) == (1, False)
+
+
+def streamed(answer, pieces, finish) -> tuple[str, dict]:
+    """(the content streamed, the last chunk's choice) of an answer written in
+    `pieces`, as the server's stream relays it."""
+    content = ""
+    for piece in pieces:
+        answer.text += piece
+        content += answer.content_delta()
+    answer.finish_reason = finish
+    last = answer.chunk(answer.content_delta(), [], None, finish)["choices"][0]
+    return content + last["delta"].get("content", ""), last
+
+
+CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+
+
+@pytest.mark.parametrize(
+    ("text", "finish", "calls", "content", "tools", "no_calls"),
+    [
+        # cut by max_tokens: the partial call, finish length
+        (CUT, "length", [("get_weather", '{"city": "Pa')], "", ("get_weather",), False),
+        ("Let me see. " + CUT, "length", [("get_weather", '{"city": "Pa')], "Let me see.", ("get_weather",), False),
+        ('<tool_call>\n{"name": "get_w', "length", [], "", ("get_weather",), False),  # its name unfinished: no call
+        ("Let me see. <tool_", "length", [], "Let me see.", ("get_weather",), False),  # cut inside the tag
+        (
+            '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool',
+            "length",
+            [("get_weather", "{}")],
+            "",
+            ("get_weather",),
+            False,
+        ),
+        ("<tool_call>\n{not json}\n</tool_call>", "stop", [], "", ("get_weather",), False),  # broken: dropped
+        # tool_choice none: markup written anyway is no content and no call
+        ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', "stop", [], "Sure.", (), True),
+        ('{"name": "get_weather", "arguments": {}}', "stop", [], '{"name": "get_weather", "arguments": {}}', (), True),
+    ],
+)
+def test_call_markup_is_never_content_whole_or_streamed(text, finish, calls, content, tools, no_calls):
+    whole, stream = Answer("chat", "m", 0, []), Answer("chat", "m", 0, [])
+    for answer in (whole, stream):
+        answer.tools, answer.no_calls = tools, no_calls
+    whole.text, whole.finish_reason = text, finish
+    message = whole.whole(False)["choices"][0]
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]  # a few characters a token
+    streamed_content, last = streamed(stream, pieces, finish)
+    cut = bool(calls) and finish == "length" and not text.endswith("</tool")
+    expected_finish = finish if (cut or not calls) else "tool_calls"
+    for got_content, got_calls, got_finish in (
+        (message["message"]["content"], message["message"].get("tool_calls") or [], message["finish_reason"]),
+        (streamed_content, last["delta"].get("tool_calls") or [], last["finish_reason"]),
+    ):
+        # (streamed, a blank before a call has gone out before the call began)
+        assert "<tool_call>" not in (got_content or "") and (got_content or "").rstrip() == content
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
+        assert got_finish == expected_finish

@@ -186,3 +186,32 @@ def test_n_choices_of_deliberate_are_its_candidates_chosen_first(port):
 def test_n_above_the_batch_is_a_400(port):
     status, out = post(port, {"messages": MESSAGES, "n": 9})
     assert status == 400 and out["error"]["param"] == "n"
+
+
+def test_a_strict_schema_with_an_open_object_is_a_400_naming_its_path_and_a_closed_one_gives_only_its_keys(port):
+    from openai import BadRequestError, OpenAI
+
+    class Home(BaseModel):
+        city: str = Field(max_length=10)
+
+    class Resident(Person):
+        home: Home
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    schema = Resident.model_json_schema()  # pydantic's: its objects say nothing of other keys
+    strict = {"type": "json_schema", "json_schema": {"name": "resident", "schema": schema, "strict": True}}
+    with pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=strict)
+    assert caught.value.body["param"] == "response_format.json_schema.schema"
+    assert "additionalProperties" in caught.value.body["message"]
+    schema["additionalProperties"] = False
+    with pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=strict)
+    assert caught.value.body["param"] == "response_format.json_schema.schema.$defs.Home"
+    schema["$defs"]["Home"]["additionalProperties"] = False
+    for seed in range(3):
+        out = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, response_format=strict, max_tokens=400, seed=seed
+        )
+        value = json.loads(out.choices[0].message.content)
+        assert set(value) == {"name", "age", "member", "home"} and set(value["home"]) == {"city"}

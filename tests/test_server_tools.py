@@ -111,6 +111,89 @@ def test_tool_choice_none_tells_the_model_of_no_tool_and_auto_reads_no_call_from
     assert auto.choices[0].message.tool_calls is None and auto.choices[0].finish_reason == "length"
 
 
+DOCS_WEATHER = {  # docs/server.md's example: no additionalProperties
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.parametrize("sampler", ["greedy", "entropix"])
+def test_arguments_without_additional_properties_are_exactly_the_declared_keys(client, sampler):
+    client, _ = client
+    for city in ("Paris", "Lima", "Oslo"):
+        out = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"What is the weather in {city}?"}],
+            tools=[DOCS_WEATHER],
+            tool_choice="required",
+            max_tokens=400,
+            extra_body={"sampler": sampler},
+        )
+        assert out.choices[0].finish_reason == "tool_calls"
+        assert set(json.loads(out.choices[0].message.tool_calls[0].function.arguments)) == {"city"}
+
+
+def test_a_strict_tool_with_an_open_object_is_a_400_naming_its_path(client):
+    from openai import BadRequestError
+
+    client, _ = client
+    parameters = {**DOCS_WEATHER["function"]["parameters"], "additionalProperties": False}
+    parameters["properties"] = {"city": {"type": "object", "properties": {}}}
+    tool = {"type": "function", "function": {**DOCS_WEATHER["function"], "parameters": parameters, "strict": True}}
+    with pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=ASK, tools=[tool], tool_choice="required")
+    assert caught.value.body["param"] == "tools[0].function.parameters.properties.city"
+
+
+def cut_call(port, max_tokens, stream):
+    """(content, tool_calls, finish_reason, the answer's text from its token records)
+    of a required call to get_weather cut at `max_tokens`."""
+    body = {
+        "messages": ASK,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "seed": 0,
+    }
+    status, data = request(
+        port, "POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 200
+    if not stream:
+        choice = json.loads(data)["choices"][0]
+        message = choice["message"]
+        raw = "".join(r["text"] for r in choice["entropix"])
+        return message["content"] or "", message.get("tool_calls") or [], choice["finish_reason"], raw
+    chunks = [json.loads(line[6:]) for line in data.decode().split("\n\n") if line.startswith("data: {")]
+    choices = [c["choices"][0] for c in chunks]
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    raw = "".join(r["text"] for c in choices for r in c["entropix"])
+    return content, choices[-1]["delta"].get("tool_calls") or [], choices[-1]["finish_reason"], raw
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_ends_length_with_the_partial_call_never_its_markup(client, stream):
+    _, port = client
+    partial = 0
+    for max_tokens in (6, 20, 48, 64, 80, 100, 120):
+        content, calls, finish, raw = cut_call(port, max_tokens, stream)
+        assert (raw.startswith(CALL_OPEN) or CALL_OPEN.startswith(raw)) and finish == "length", raw
+        assert CALL_OPEN not in content and content == ""
+        # a call once its name is whole, its arguments as far as the answer went
+        assert len(calls) == ('"get_weather"' in raw)
+        for call in calls:
+            assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+            arguments = call["function"]["arguments"]
+            assert raw.rstrip().endswith(arguments) and (not arguments or '"arguments"' in raw)
+            partial += bool(arguments)
+    assert partial >= 2  # the cuts that fell inside the arguments
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
@@ -134,18 +217,22 @@ def test_bad_tools_are_a_400_naming_the_field(client, fields, param):
     assert status == 400 and json.loads(data)["error"]["param"] == param
 
 
-def test_calls_are_read_from_the_answers_end_and_a_broken_one_stays_text():
+def test_calls_are_read_from_the_answers_end_and_a_broken_one_is_no_content():
     text = f'Let me look.\n{CALL_OPEN}\n{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}\n</tool_call>'
-    content, calls = parse_calls(text)
-    assert content == "Let me look." and calls[0]["function"]["name"] == "get_weather"
+    content, calls, cut = parse_calls(text)
+    assert content == "Let me look." and calls[0]["function"]["name"] == "get_weather" and not cut
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
-    broken = f'{CALL_OPEN}\n{{"name": "get_weather", "argu'
-    assert parse_calls(broken) == (broken, [])
+    # a call cut short: no markup in the content, the call as far as it went (its name whole) or none
+    content, calls, cut = parse_calls(f'Let me look.\n{CALL_OPEN}\n{{"name": "get_weather", "argu')
+    assert (content, cut) == ("Let me look.", True) and calls[0]["function"]["arguments"] == ""
+    assert parse_calls(f'{CALL_OPEN}\n{{"name": "get_wea') == ("", [], False)
+    assert parse_calls(f"A.{CALL_OPEN}\n{{broken}}\n</tool_call>") == ("A.", [], False)
     bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # a small model left the tags out
-    content, calls = parse_calls(bare, ("get_weather",))
+    content, calls, _ = parse_calls(bare, ("get_weather",))
     assert content == "" and calls[0]["function"]["name"] == "get_weather"
     assert (
-        parse_calls(bare, ("get_time",)) == (bare, []) and parse_calls('{"city": "Paris"}', ("get_weather",))[1] == []
+        parse_calls(bare, ("get_time",)) == (bare, [], False)
+        and parse_calls('{"city": "Paris"}', ("get_weather",))[1] == []
     )
 
 

@@ -10,11 +10,14 @@ answer is held to a grammar of exactly such a call, its arguments to the tool's
 parameter schema (`call_grammar`)."""
 
 import json
+import re
 import uuid
 
-from ..sampling.constraint import JSON_LAYOUT
+from ..sampling.constraint import JSON_LAYOUT, closed
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# A call cut short once its name is whole (the layout `call_grammar` holds it to).
+_CUT = re.compile(r'\s*\{\s*"name"\s*:\s*"(?P<name>[^"\\]+)"(?:.*?"arguments"\s*:(?P<arguments>.*))?', re.S)
 
 
 def knows_tools(tokenizer) -> bool:
@@ -80,40 +83,62 @@ def template_messages(messages: list[dict], tools: list[dict] | None, knows: boo
     return out
 
 
-def _as_call(call: dict) -> dict:
+def tag_start(text: str, tag: str) -> int:
+    """How many of `text`'s last characters are the start of `tag` (a tag streamed in part)."""
+    return next((k for k in range(len(tag) - 1, 0, -1) if text.endswith(tag[:k])), 0)
+
+
+def _as_call(name: str, arguments: str) -> dict:
     return {
         "id": "call_" + uuid.uuid4().hex[:24],
         "type": "function",
-        "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)},
+        "function": {"name": name, "arguments": arguments},
     }
 
 
-def parse_calls(text: str, names=()) -> tuple[str, list[dict]]:
-    """(the text before the first call, OpenAI's `tool_calls`) of an answer. A call
-    whose JSON does not parse, or that names no function, stays in the text. An
+def _read_call(call) -> dict | None:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    return _as_call(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False))
+
+
+def _cut_call(body: str) -> dict | None:
+    """The call whose text `body` was cut short, its arguments as far as they went
+    (as OpenAI's are when max_tokens cuts one), or None if its name was not whole."""
+    match = _CUT.match(body)
+    if match is None:
+        return None
+    return _as_call(match["name"], (match["arguments"] or "").strip())
+
+
+def parse_calls(text: str, names=()) -> tuple[str, list[dict], bool]:
+    """(the text before the first call, OpenAI's `tool_calls`, whether the last one
+    was cut short) of an answer. The call markup is never content: a call whose JSON
+    does not parse is dropped, one cut short is kept with its arguments so far. An
     answer that is nothing but a call's JSON, naming one of the tools `names`, is
     that call too (small models often leave the tags out)."""
-    content, calls, at = text, [], text.find(CALL_OPEN)
+    at = text.find(CALL_OPEN)
     if at < 0:
         try:
             call = json.loads(text)
         except json.JSONDecodeError:
-            return text, []
+            return text, [], False
         known = isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict)
-        return ("", [_as_call(call)]) if known else (text, [])
-    content, rest = text[:at], text[at:]
+        return ("", [_read_call(call)], False) if known else (text, [], False)
+    content, calls, rest = text[:at].rstrip(), [], text[at:]
     while rest.startswith(CALL_OPEN):
         end = rest.find(CALL_CLOSE)
         body = rest[len(CALL_OPEN) : end if end >= 0 else len(rest)]
+        if end < 0:  # the answer ends inside the call, perhaps inside its closing tag
+            body = body[: len(body) - tag_start(body, CALL_CLOSE)]
         try:
-            call = json.loads(body)
+            call = _read_call(json.loads(body))
         except json.JSONDecodeError:
-            return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        calls.append(_as_call(call))
+            cut = _cut_call(body) if end < 0 else None
+            return content, calls + [cut] if cut else calls, cut is not None
+        calls += [call] if call else []
         rest = rest[end + len(CALL_CLOSE) :].lstrip() if end >= 0 else ""
-    return content.rstrip(), calls
+    return content, calls, False
 
 
 def call_schema(tools: list[dict], name: str | None = None) -> dict:
@@ -124,7 +149,7 @@ def call_schema(tools: list[dict], name: str | None = None) -> dict:
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": closed(f.get("parameters") or {"type": "object"}),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

@@ -8,7 +8,7 @@ deliberate candidate.
 The grammar engine is llguidance (Microsoft's, used by llama.cpp, vLLM and
 SGLang): a Rust library with Python wheels for macOS and Linux that needs no
 PyTorch and hands back a token bitmask any array library can apply; it compiles
-JSON schemas itself, `strict` ones included."""
+JSON schemas itself. OpenAI's `strict` rules are checked here (`strict_problem`)."""
 
 import json
 from collections import OrderedDict
@@ -31,6 +31,8 @@ JSON_LAYOUT = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains")
+# What else decides which other keys an object allows (an allOf's parts add theirs).
+_OPENING = {"additionalProperties", "patternProperties", "unevaluatedProperties", "allOf"}
 
 
 class SchemaError(ConfigError):
@@ -84,11 +86,63 @@ def _where(schema, errors: list[str], tokenizer: LLTokenizer, path: str = "") ->
     return path, errors[0]
 
 
+def closed(schema):
+    """`schema` with each object that lists its properties and says nothing of
+    others allowing no others, as llama.cpp's grammars read a missing
+    `additionalProperties`: a model held to an open object invents keys. The parts
+    of an `allOf` (whose properties add up) and of a `not` stay as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [closed(c) if key != "allOf" else c for c in value]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            value = {name: closed(c) for name, c in value.items()}
+        elif key in _SCHEMA_VALUES and key != "not" and isinstance(value, dict):
+            value = closed(value)
+        out[key] = value
+    if "properties" in out and not _OPENING.intersection(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def _is_object(schema) -> bool:
+    kind = schema.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
+
+
+def strict_problem(schema, path: str = "") -> tuple[str, str] | None:
+    """(where, what) of the first part of `schema` that breaks OpenAI's strict
+    rules (the root an object; every object's properties all required and no
+    other key allowed), or None."""
+    if not path and not (isinstance(schema, dict) and _is_object(schema)):
+        return "", "the root of a strict schema must be an object schema"
+    if not isinstance(schema, dict):
+        return None
+    if _is_object(schema):
+        if schema.get("additionalProperties") is not False:
+            return path, 'an object in a strict schema must say "additionalProperties": false'
+        missing = [name for name in schema.get("properties") or {} if name not in (schema.get("required") or ())]
+        if missing:
+            return path, (
+                f"a strict schema requires every property, and {missing[0]!r} is not in 'required' "
+                '(to leave it optional, make its type nullable: ["string", "null"])'
+            )
+    for sub, child in _children(schema):
+        problem = strict_problem(child, path + sub)
+        if problem:
+            return problem
+    return None
+
+
 def json_grammar(schema, tokenizer: LLTokenizer) -> str:
     """The grammar for answers that are JSON values valid under `schema` (a JSON
-    schema as a dict; {"type": "object"}: any object). Raises SchemaError."""
+    schema as a dict; {"type": "object"}: any object), its objects `closed`.
+    Raises SchemaError."""
     if not isinstance(schema, (dict, bool)):
         raise SchemaError("", f"a schema is an object, got {json.dumps(schema)[:60]}")
+    schema = closed(schema)
     grammar, errors = _compiled(schema, tokenizer)
     if errors:
         raise SchemaError(*_where(schema, errors, tokenizer))

@@ -30,7 +30,7 @@ from ..sampling.config import THRESHOLDS, resolve_config
 from ..sampling.constraint import SchemaError
 from .engine import Engine, Job, random_seed
 from .responses import Answer
-from .schema import APIError, config_error, parse
+from .schema import APIError, config_error, in_schema, parse
 from .strategies import page_info
 from .transport import MAX_BODY, error_response, read_body, relay, sse
 
@@ -107,7 +107,7 @@ class Server:
                 where = "messages" if chat else "prompt"
                 raise APIError(400, str(e), where, code="context_length_exceeded") from None
             except SchemaError as e:
-                where = "tools" if grammar else "response_format.json_schema.schema" + e.path.replace("/", ".")
+                where = "tools" if grammar else in_schema("response_format.json_schema.schema", e.path)
                 raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
@@ -163,6 +163,7 @@ class Server:
         for answer in answers:
             answer.structured = p.json_schema is not None
             answer.tools = tuple(t["function"]["name"] for t in p.tools or ())
+            answer.no_calls = p.no_calls
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
@@ -250,7 +251,7 @@ class Server:
                 text, records, entries = (
                     x + y for x, y in zip(pending[index], (out[0], out[1], out[2] or []), strict=True)
                 )
-                if answer.tools:  # a tool call's text is never streamed as content
+                if answer.reads_calls:  # a tool call's text is never streamed as content
                     text = answer.content_delta()
                 # Text held back (a possible stop string, an unfinished UTF-8
                 # character) travels with the token that completes it.

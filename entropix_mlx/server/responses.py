@@ -10,7 +10,7 @@ import uuid
 
 from ..decode.events import plain
 from ..decode.fields import json_fields
-from ..decode.tools import CALL_OPEN, parse_calls
+from ..decode.tools import CALL_OPEN, parse_calls, tag_start
 
 
 def record(event) -> dict:
@@ -43,6 +43,7 @@ class Answer:
         self.structured = False  # held to a JSON schema: the end names each value's confidence
         self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
         self.tools = ()  # the names of the tools it was told of: its calls are read from the answer
+        self.no_calls = False  # tool_choice "none": call markup written anyway is dropped, never a call
         self._streamed = 0  # characters of `text` streamed as content (tools: never a call's)
 
     @property
@@ -68,20 +69,31 @@ class Answer:
             "text_offset": offsets,
         }
 
+    @property
+    def reads_calls(self) -> bool:
+        return bool(self.tools) or self.no_calls
+
+    def _calls(self) -> tuple[str, list[dict], bool]:
+        """(content, tool_calls, whether the last call was cut short) of the answer so far."""
+        text = self.text
+        if self.finish_reason == "length":  # cut inside a call's opening tag: that is no content either
+            text = text[: len(text) - tag_start(text, CALL_OPEN)]
+        content, calls, cut = parse_calls(text, self.tools)
+        return (content, [], False) if self.no_calls else (content, calls, cut)
+
     def content_delta(self) -> str:
         """The text not streamed yet that is surely no part of a tool call: up to a
         call's opening, less an end that may begin one."""
         limit = len(self.text)
         at = self.text.find(CALL_OPEN)
         if self.finish_reason is not None:
-            content, calls = parse_calls(self.text, self.tools)
-            limit = len(content) if calls else limit
+            limit = len(self._calls()[0])
         elif at >= 0:
             limit = at
-        elif self.text.lstrip().startswith("{"):
+        elif self.tools and self.text.lstrip().startswith("{"):
             limit = 0  # it may be a call without its tags: it is known at the end
         else:
-            limit -= next((k for k in range(len(CALL_OPEN) - 1, 0, -1) if self.text.endswith(CALL_OPEN[:k])), 0)
+            limit -= tag_start(self.text, CALL_OPEN)
         out = self.text[self._streamed : max(limit, self._streamed)]
         self._streamed = max(limit, self._streamed)
         return out
@@ -89,11 +101,11 @@ class Answer:
     def _choice(self, text: str, records: list, logprobs: list | None, finish, delta: bool) -> dict:
         choice = {"index": self.index}
         calls = []
-        if self.tools and finish is not None:
-            content, calls = parse_calls(self.text, self.tools)
-            if calls:
+        if self.reads_calls and finish is not None:
+            content, calls, cut = self._calls()
+            text = text if delta else content
+            if calls and not cut:
                 finish = "tool_calls"
-                text = text if delta else content
         if self.kind == "chat" and delta:
             choice["delta"] = {"content": text} if text else {}
             if calls:

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..sampling.constraint import strict_problem
 from ..sampling.parameters import PARAMETERS
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -57,6 +58,7 @@ class Params:
     n: int = 1  # choices
     tools: list | None = None  # the tools the model is told of (None: none, or tool_choice "none")
     tool_call: str | None = None  # "required", a tool's name (that call only), None: the model decides
+    no_calls: bool = False  # tool_choice "none" with tools: call markup written anyway is no content
 
 
 def _is_int(v) -> bool:
@@ -174,12 +176,32 @@ def _tool_calls(calls, i: int) -> list[dict]:
     return out
 
 
-def _tools(body) -> tuple[list[dict] | None, str | None]:
-    """(the tools, the call asked for: None for "auto", "none", "required" or a
-    tool's name)."""
+def in_schema(param: str, pointer: str) -> str:
+    """The request field of the part `pointer` (a JSON pointer) of the schema at `param`."""
+    return param + pointer.replace("/", ".")
+
+
+def _check_strict(spec: dict, where: str, key: str, what: str) -> None:
+    """`spec` (at the request field `where`) with `strict` true: its schema (`key`)
+    must keep OpenAI's strict rules."""
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad(f"{where}.strict", f"'strict' must be true or false, got {strict!r}")
+    problem = strict_problem(spec[key]) if strict and key in spec else None
+    if problem:
+        pointer, message = problem
+        raise bad(
+            in_schema(f"{where}.{key}", pointer),
+            f"invalid strict schema for {what} at {pointer or '/'}: {message}; or leave 'strict' out",
+        )
+
+
+def _tools(body) -> tuple[list[dict] | None, str | None, bool]:
+    """(the tools, the call asked for: None for "auto", "required" or a tool's
+    name, whether call markup is dropped: "none")."""
     tools = body.get("tools")
     if tools is None:
-        return None, None
+        return None, None, False
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list of {type: function, function: {name, description, parameters}}")
     out = []
@@ -190,6 +212,7 @@ def _tools(body) -> tuple[list[dict] | None, str | None]:
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
             raise bad(f"tools[{i}].function.parameters", "a tool's parameters must be a JSON schema of an object")
+        _check_strict(function, f"tools[{i}].function", "parameters", f"function '{function['name']}'")
         out.append({"type": "function", "function": {**function, "parameters": parameters}})
     choice = body.get("tool_choice", "auto")
     names = [t["function"]["name"] for t in out]
@@ -197,10 +220,11 @@ def _tools(body) -> tuple[list[dict] | None, str | None]:
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if name not in names:
             raise bad("tool_choice", f"'tool_choice' names no tool of the request: {json.dumps(choice)[:80]}")
-        return out, name
+        return out, name, False
     if choice not in ("auto", "none", "required"):
         raise bad("tool_choice", f"'tool_choice' must be auto, none, required or a function, got {choice!r}")
-    return (None if choice == "none" else out), (choice if choice == "required" else None)
+    none = choice == "none"
+    return (None if none else out), (choice if choice == "required" else None), none
 
 
 def _prompt(body) -> str:
@@ -230,7 +254,8 @@ def _response_format(body) -> dict | None:
     """The JSON schema answers are held to (None: plain text). OpenAI's shapes:
     {"type": "json_object"}, any JSON object; {"type": "json_schema", "json_schema":
     {"name", "schema", "strict"}}. The grammar holds every answer to the schema,
-    strict or not (OpenAI's strict mode asks no more)."""
+    strict or not, its objects closed (sampling/constraint.py); a strict one must
+    also keep OpenAI's strict rules."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -247,9 +272,7 @@ def _response_format(body) -> dict | None:
                 "'response_format.json_schema' must be an object with a 'schema' object "
                 '(and optionally a \'name\' and \'strict\'), e.g. {"name": "person", "schema": {"type": "object"}}',
             )
-        strict = spec.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise bad("response_format.json_schema.strict", f"'strict' must be true or false, got {strict!r}")
+        _check_strict(spec, "response_format.json_schema", "schema", f"response_format '{spec.get('name', '')}'")
         return spec.get("schema", ANY_OBJECT)
     raise bad("response_format", f"'response_format' must be of type text, json_object or json_schema, got {fmt!r}")
 
@@ -273,7 +296,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     p.reasoning = _boolean(body, "reasoning")
     p.json_schema = _response_format(body)
     if chat:
-        p.tools, p.tool_call = _tools(body)
+        p.tools, p.tool_call, p.no_calls = _tools(body)
         if p.tool_call and p.json_schema is not None:
             raise bad("tool_choice", "a required tool call and a response_format both hold the answer: ask for one")
     p.n = _integer(body, "n", 1, MAX_CHOICES) or 1
