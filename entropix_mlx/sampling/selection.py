@@ -351,7 +351,8 @@ def candidate_from(result, tokenizer, answer_of, measured: bool = False) -> Cand
         continuation_margin=_mean(margins[rest]),
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
         loop=longest_loop(result.tokens),
-        top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
+        # A row asked for no alternatives records an empty list per token: none kept, then.
+        top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops] if any(result.tops) else [],
         measures={k: [round(m.get(k, 0.0), 4) for m in result.metrics] for k in MEASURES} if measured else {},
     )
 
