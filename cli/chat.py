@@ -79,7 +79,6 @@ class ChatSession:
         self.source, self.tokenizer = loaded.source, loaded.tokenizer
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = self.make_sampler(choice)
-        self.start_sampler, self.start_seed = self.sampler.name, seed
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
         self.conversation = Conversation(loaded.model, loaded.tokenizer, system=system or None)
@@ -292,12 +291,12 @@ class ChatSession:
         if not arg:
             self.meta("error: /save needs a file name, e.g. /save chat.json")
             return
-        # Each turn records the sampler and seed it answered with (/sampler and /seed
-        # change them mid-conversation); the top level says how the session started.
+        # The top level holds the settings as they are now (after any /sampler and
+        # /seed); each turn, the sampler and seed it answered with.
         data = {
             "model": self.source.name,
-            "sampler": self.start_sampler,
-            "seed": self.start_seed,
+            "sampler": self.sampler.name,
+            "seed": self.base_seed,
             **({"penalties": self.penalties_given()} if self.penalties is not None else {}),
             **self.conversation.transcript(),
         }
@@ -310,7 +309,7 @@ class ChatSession:
                 "writable (the conversation is kept)"
             )
             return
-        self.meta(f"saved {len(self.conversation.turns)} turns to {path}")
+        self.meta(f"saved {render.plural(len(self.conversation.turns), 'turn')} to {path}")
 
 
 def chat(

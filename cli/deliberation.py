@@ -8,6 +8,7 @@ order in which candidates happened to finish."""
 from rich.table import Table
 from rich.text import Text
 
+from entropix_mlx.sampling.selection import short_answer
 from entropix_mlx.sampling.strategies import strategy_color
 
 from . import render
@@ -59,6 +60,6 @@ def deliberation_table(deliberation: dict, color: bool) -> Table:
         name = row["candidate"] + (" (chosen)" if chosen else "")
         style = ("bold" if chosen else "") if color else ""
         table.add_row(
-            name, str(row["answer"]), f"{row['confidence']:.3f}", score, str(row["tokens"]), ended, style=style
+            name, short_answer(row["answer"]), f"{row['confidence']:.3f}", score, str(row["tokens"]), ended, style=style
         )
     return table

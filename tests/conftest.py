@@ -213,3 +213,23 @@ def tiny_ref(tmp_path, monkeypatch):
     path.write_bytes(b"")
     model = make_tiny_model(max_position_embeddings=64)
     return shelve(monkeypatch, path, make_loaded(model, make_tiny_tokenizer(), path))
+
+
+@pytest.fixture
+def answers(tiny_ref, monkeypatch):
+    """`answers(question, greedy's, a branch's)`: deliberate, asked `question` of the
+    tiny model (which writes no numbers), reads the greedy answer's text as the first
+    answer and any other text as the second."""
+    from entropix_mlx.decode.generate import generate
+    from entropix_mlx.sampling.samplers import GreedySampler
+
+    loaded = SHELF.loaded[(tiny_ref, "auto")]
+
+    def use(question, greedy_answer, branch_answer, max_tokens=6):
+        ids = loaded.encode([{"role": "user", "content": question}])
+        events = generate(loaded.model, loaded.tokenizer, ids, GreedySampler(), max_tokens=max_tokens)
+        greedy = loaded.tokenizer.decode([e.token for e in events])
+        answer_of = lambda text: greedy_answer if text == greedy else branch_answer  # noqa: E731
+        monkeypatch.setattr("entropix_mlx.front.registry.default_answer", answer_of)
+
+    return use

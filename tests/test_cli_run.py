@@ -171,21 +171,28 @@ def test_chat_save_records_each_turns_sampler_and_seed_and_help_lists_every_samp
     help_line = next(line for line in out.splitlines() if "/sampler NAME" in line)
     assert all(name in help_line for name in ("entropix", "greedy", "temperature", "min_p", "deliberate"))
     data = json.loads(saved.read_text())
-    assert (data["sampler"], data["seed"]) == ("greedy", 0)  # how the session started
+    assert (data["sampler"], data["seed"]) == ("temperature", 7)  # the settings now, after /sampler and /seed
     assert [(t["sampler"], t["seed"]) for t in data["turns"]] == [("greedy", 0), ("temperature", 7)]
     assert not any("deliberation" in t for t in data["turns"])
+    assert f"saved 2 turns to {saved}" in out
 
 
 def test_chat_save_keeps_deliberates_candidates_and_why_it_chose(tiny_ref, tmp_path):
     saved = tmp_path / "chat.json"
-    script = f"hello\n/save {saved}\n"
-    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "3", input=script)
+    script = f"hello\n/save {saved}\n/sampler deliberate\n/seed 5\nhi\n/save {saved}\n"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "3", input=script)
     assert code == 0, err
     assert "rule: " in out  # the table after the answer
-    (turn,) = json.loads(saved.read_text())["turns"]
+    assert f"saved 1 turn to {saved}" in out and f"saved 2 turns to {saved}" in out
+    data = json.loads(saved.read_text())
+    assert (data["sampler"], data["seed"]) == ("deliberate", 5)
+    first, turn = data["turns"]
+    assert (first["sampler"], first["seed"], turn["sampler"], turn["seed"]) == ("greedy", 0, "deliberate", 5)
     d = turn["deliberation"]
-    assert turn["sampler"] == "deliberate" and len(d["candidates"]) == len(d["table"]) > 1
+    assert len(d["candidates"]) == len(d["table"]) > 1 and "deliberation" not in first
     assert d["candidates"][d["chosen"]]["text"] == turn["assistant"] and d["reason"]
+    # chat records no alternatives: no candidate keeps a list of empty ones
+    assert not any("top" in c for c in d["candidates"])
 
 
 class InterruptingSampler:

@@ -220,6 +220,41 @@ def test_why_gives_each_candidates_confidence_its_share_of_the_vote_and_why_it_w
     assert why(cands, "max_margin", "off")[1]["score"] == 0.5
 
 
+def test_the_rule_line_gives_the_tables_numbers():
+    cands = [cand("32", None, 0.416, -0.3), cand("32", margin=0.797, logprob=-0.5), cand("31", margin=0.548)]
+    for c in cands:
+        c.continuation_margin = c.answer_margin
+    # A best-of selector: the greedy answer scores its best row's, a branch's here, as the table shows it.
+    assert [r["score"] for r in why(cands, "continuation_margin", "loop")] == [0.416, 0.797, 0.548]
+    assert select(cands, "continuation_margin", 0.1)[:2] == (
+        0,
+        "greedy answer kept: continuation_margin 0.797 for '32' (branch 1); "
+        "the best other, 0.548 for '31' (branch 2), is not more than 0.1 above it",
+    )
+    # A vote: the shares the table shows, summed over an answer's rows, not the raw weights.
+    cands = [
+        cand("12", None, logprob=-0.5),
+        cand("262", logprob=-0.3),
+        cand("262", logprob=-0.45),
+        cand("9", logprob=-0.6),
+    ]
+    shares = [r["score"] for r in why(cands, "confidence_vote", "loop")]
+    assert shares == [0.096, 0.71, 0.158, 0.035]
+    assert select(cands, "confidence_vote")[:2] == (
+        1,
+        "branch 1 won: confidence_vote 0.868 for '262' (branch 1 + branch 2) "
+        "is more than 0 above the greedy answer's 0.096 for '12' (greedy)",
+    )
+    # A vote's margin counts votes: the line gives it as a share of the votes cast too.
+    assert select(cands, "vote", 1.0)[1] == (
+        "greedy answer kept: vote 0.250 for '12' (greedy); the best other, 0.500 for '262' "
+        "(branch 1 + branch 2), is not more than 1 (0.250 of the votes) above it"
+    )
+    assert select([cand("7", None), cand("7")], "logprob")[1] == (
+        "greedy answer kept: logprob -1.000 for '7' (greedy); no other answer"
+    )
+
+
 def test_selectors_score_answers_and_keep_greedy_unless_beaten_by_the_margin():
     cands = [
         cand("7", None, 0.4, -0.5),

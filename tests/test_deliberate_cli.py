@@ -3,6 +3,7 @@ shown as they finish, the chosen answer, --json with every branch, --budget,
 and one-line errors."""
 
 import json
+import re
 
 import pytest
 from test_cli_run import invoke, one_error_line
@@ -36,7 +37,7 @@ def test_run_reports_every_branch_in_json_and_stays_in_the_budget(tiny_ref):
         assert c["split"] == 0 and {"answer", "answer_margin", "mean_logprob", "text"} <= set(c)
     assert tokens[0]["strategy"] == ("split" if d["chosen"] == 0 else "branch")
     # Nothing a row did not record is written as an empty list (alternatives, measures).
-    assert not any(c.get(k) == [] or c.get(k) == {} for c in d["candidates"] for k in ("top", "measures"))
+    assert not any(k in c for c in d["candidates"] for k in ("top", "measures"))
     # Why: one row per candidate, in the candidates' order, the chosen one's answer the answer.
     assert [r["candidate"] for r in d["table"]] == ["greedy", "branch 1", "branch 2"]
     assert d["table"][d["chosen"]]["answer"] == winner["answer"]
@@ -143,3 +144,136 @@ def test_eval_presets_answer_in_run_with_evals_own_settings(tiny_ref, name):
     spec = registry.SAMPLERS[name]
     expected = spec.preset if spec.preset is not None else DeliberateConfig().replace(**spec.rule)
     assert registry.build(name).config == expected and name in registry.SAMPLER_NAMES
+
+
+# Why deliberate chose, as a reader checks it: the rule line's numbers are the table's.
+QUESTION = "What is 7 + 5?"
+LONG = "the whole first line of an answer without a number, read as its answer"
+SUMMED = ("margin", "vote", "weighted_vote", "confidence_vote", "lowest_group_vote")  # the others take the best
+TOLD = re.compile(r"(-?\d+\.\d{3}) for '([^']*)' \(([^)]*)\)")
+MARGIN = re.compile(r"more than ([\d.]+)(?: \(([\d.]+) of the votes\))? above")
+ROW = re.compile(r"(\S.*?) {2,}(.+?) {2,}\d\.\d{3} {2,}(?:(-?\d+\.\d{3}) {2,})?\d+ {2}")
+
+
+def printed_table(text: str) -> tuple[list[dict], str]:
+    """The last candidates table in `text` (each row's candidate, answer and score,
+    and which is chosen) and its rule line."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("candidate "))
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("rule: "):
+            return rows, line.removeprefix("rule: ")
+        if row := ROW.match(line):  # (not a cell wrapped onto the next line)
+            name, answer, score = row.groups()
+            rows.append(
+                {
+                    "candidate": name.removesuffix(" (chosen)"),
+                    "chosen": name.endswith(" (chosen)"),
+                    "answer": answer,
+                    "score": float(score) if score else None,
+                }
+            )
+    raise AssertionError(f"no rule line after the table:\n{text}")
+
+
+def same_answer(told: str, cell: str) -> bool:
+    return told == cell or (told.endswith("…") and cell.startswith(told[:-1]))
+
+
+def assert_rule_reads_table(rule: str, rows: list[dict]) -> str:
+    """Each answer the rule line scores has its rows' score (their sum for a summing
+    selector, else their best) and names those rows; the winner is the chosen row and
+    the best of all, the best other is the best of the rest, and the margin's verdict
+    holds on the printed numbers. Returns the verdict ("kept" or "won")."""
+    chosen = next(r for r in rows if r["chosen"])
+    verdict, _, how = rule.rpartition(" won: ") if " won: " in rule else rule.partition(": ")
+    assert how, f"no scores in the rule line: {rule}"
+    combine = sum if how.split()[0] in SUMMED else max
+
+    def score_of(answer):
+        scored = [r for r in rows if same_answer(answer, r["answer"]) and r["score"] is not None]
+        best = combine(r["score"] for r in scored)
+        named = scored if combine is sum else [r for r in scored if r["score"] == best][:1]
+        return round(best, 3), [r["candidate"] for r in named]
+
+    told = []
+    for value, answer, names in TOLD.findall(rule):
+        assert score_of(answer) == (float(value), names.split(" + ")), (rule, rows)
+        told.append((float(value), answer))
+    assert told, rule
+    best = {a: score_of(a)[0] for a in {r["answer"] for r in rows if r["score"] is not None}}
+    (mine, answer), rest = told[0], told[1:]
+    assert same_answer(answer, chosen["answer"]), (rule, rows)
+    others = [v for a, v in best.items() if not same_answer(answer, a)]
+    margin = MARGIN.search(rule)
+    step = float(margin.group(2) or margin.group(1)) if margin else 0.0
+    slack = 0.002  # the rule decides on the scores before the table rounds them
+    if verdict == "greedy answer kept":
+        assert chosen["candidate"] == "greedy", rule
+        if not rest:
+            assert rule.endswith("; no other answer") and not others, rule
+            return "kept"
+        ((other, _),) = rest
+        assert other == max(others) and other - mine <= step + slack and "is not more than" in rule, (rule, rows)
+        return "kept"
+    assert chosen["candidate"] == verdict.rpartition("; ")[2] and mine == max(best.values()), (rule, rows)
+    if "so it keeps no margin" in verdict:  # the greedy answer did not compete
+        assert [v for v, _ in rest] == ([max(others)] if others else []), (rule, rows)
+    elif not rule.endswith("; the greedy answer has none"):
+        ((greedy, greedy_answer),) = rest
+        assert same_answer(greedy_answer, rows[0]["answer"]) and mine - greedy > step - slack, (rule, rows)
+    return "won"
+
+
+def deliberate_config(tmp_path, selector, margin, clean_first="off"):
+    path = tmp_path / f"{selector}.toml"
+    path.write_text(
+        f'[deliberate]\nselector = "{selector}"\nmargin = {margin}\nclean_first = "{clean_first}"\n'
+        "first_alternatives = 3\nmax_branch_points = 0\nbudget = 6.0\nstop_share = 0.0\nfirst_stage = 0\n"
+        'gate_signal = ""\n'
+    )
+    return path
+
+
+# (selector, margin, clean_first, greedy's answer, a branch's answer, the verdict)
+RULE_CASES = [
+    ("vote", 0.0, "off", "12", LONG, "won"),  # three branches agree against the greedy answer
+    ("vote", 5.0, "off", "12", LONG, "kept"),  # the margin holds: 5 votes, as a share of the 4 cast
+    ("confidence_vote", 0.0, "off", "12", "262", "kept"),  # the greedy answer is the sure one
+    ("continuation_margin", 0.1, "off", "12", "12", "kept"),  # one answer: the best of its rows
+    ("logprob", 0.0, "loop", None, "262", "won"),  # the greedy answer says nothing: no margin
+]
+
+
+@pytest.mark.parametrize("selector, margin, clean_first, mine, theirs, verdict", RULE_CASES)
+def test_run_prints_a_rule_line_that_reads_the_table(
+    tiny_ref, tmp_path, answers, selector, margin, clean_first, mine, theirs, verdict
+):
+    answers(QUESTION, mine, theirs)
+    config = deliberate_config(tmp_path, selector, margin, clean_first)
+    args = ["run", QUESTION, "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "6", "--no-color"]
+    code, _, err = invoke(*args, "--config", config)
+    assert code == 0, err
+    rows, rule = printed_table(err)
+    assert len(rows) == 4 and assert_rule_reads_table(rule, rows) == verdict
+    # The answer column holds the extracted answer cut to a short column, never wrapped.
+    assert all(len(r["answer"]) <= 20 for r in rows) and any(r["answer"].endswith("…") for r in rows) == (
+        theirs == LONG
+    )
+    code, out, _ = invoke(*args, "--config", config, "--json")
+    d = json.loads(out.splitlines()[-1])["summary"]["deliberation"]
+    assert d["reason"] == rule and [r["score"] for r in d["table"]] == [r["score"] for r in rows]
+
+
+@pytest.mark.parametrize("selector, margin, clean_first, mine, theirs, verdict", [RULE_CASES[0], RULE_CASES[1]])
+def test_chat_prints_a_rule_line_that_reads_the_table(
+    tiny_ref, tmp_path, answers, selector, margin, clean_first, mine, theirs, verdict
+):
+    answers(QUESTION, mine, theirs)
+    config = deliberate_config(tmp_path, selector, margin, clean_first)
+    args = ["chat", "-m", tiny_ref, "--sampler", "deliberate", "--max-tokens", "6", "--no-color", "--config", config]
+    code, out, err = invoke(*args, input=f"{QUESTION}\n")
+    assert code == 0, err
+    rows, rule = printed_table(out)
+    assert len(rows) == 4 and assert_rule_reads_table(rule, rows) == verdict

@@ -8,7 +8,8 @@ import sys
 import pytest
 from conftest import SHELF
 from playwright.sync_api import sync_playwright
-from serving import CHROMIUM_ARGS, KEY, chromium_path, running_server
+from serving import CHROMIUM_ARGS, KEY, app_on_a_port, chromium_path, running_server
+from test_deliberate_cli import LONG, QUESTION, assert_rule_reads_table, deliberate_config
 
 pytestmark = pytest.mark.slow
 
@@ -371,3 +372,45 @@ def test_a_json_answer_shades_each_value_by_how_unsure_the_model_was(server, bro
     assert "lowest" in shaded.first.get_attribute("title")
     assert last.locator(".fields [data-field]").count() == len(paths)
     page.close()
+
+
+# (the card's selector and margin, greedy's answer, a branch's, the verdict): test_deliberate_cli's cases.
+PAGE_CASES = [("vote", 0.0, "12", LONG, "won"), ("vote", 5.0, "12", LONG, "kept")]
+
+
+@pytest.mark.parametrize("selector, margin, mine, theirs, verdict", PAGE_CASES)
+def test_deliberates_table_and_rule_line_on_the_page_read_the_same_numbers(
+    browser, tiny_ref, tmp_path, answers, selector, margin, mine, theirs, verdict
+):
+    from dataclasses import replace
+
+    from entropix_mlx.front import ModelCard
+    from entropix_mlx.server import Engine, PrefixCache
+
+    answers(QUESTION, mine, theirs)
+    loaded = SHELF.loaded[(tiny_ref, "auto")]
+    card = ModelCard("tiny", deliberate_config(tmp_path, selector, margin), "user", loaded.tokenizer)
+    with app_on_a_port(Engine(replace(loaded, card=card), PrefixCache(4, 4096))) as port:
+        page = open_page((f"http://127.0.0.1:{port}", port), browser)
+        page.select_option("#sampler", "deliberate")
+        page.fill("#max-tokens", "6")
+        page.fill("#prompt", QUESTION)
+        page.click("#send")
+        wait_until_answered(page)
+        box = page.locator(".msg.assistant:last-child .deliberation")
+        rows = box.locator("tr").evaluate_all(
+            """rows => rows.slice(1).map((r) => ({
+                 chosen: r.classList.contains("chosen"),
+                 candidate: r.querySelector("[data-column=candidate]").textContent.replace(" (chosen)", ""),
+                 answer: r.querySelector("[data-column=answer]").textContent,
+                 score: r.querySelector("[data-column=score]").textContent,
+                 cut: r.querySelector("[data-column=answer]").scrollWidth
+                      > r.querySelector("[data-column=answer]").clientWidth }))"""
+        )
+        rule = box.locator(".rule").inner_text()
+        page.close()
+    for r in rows:
+        r["score"] = float(r["score"]) if r["score"] else None
+    assert len(rows) == 4 and rule.startswith("rule: ")
+    assert assert_rule_reads_table(rule.removeprefix("rule: "), rows) == verdict
+    assert [r["cut"] for r in rows] == [False, True, True, True]  # a long answer is cut to its column

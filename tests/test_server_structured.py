@@ -183,6 +183,28 @@ def test_n_choices_of_deliberate_are_its_candidates_chosen_first(port):
     assert alone[0]["message"]["content"] == choices[0]["message"]["content"]
 
 
+def test_a_deliberate_answer_ends_with_its_table_and_rule_line_whole_or_streamed(port):
+    body = {"messages": MESSAGES, "max_tokens": 8, "sampler": "deliberate"}
+    status, out = post(port, body)
+    assert status == 200, out
+    d = out["choices"][0]["entropix_deliberation"]
+    assert set(d) == {"chosen", "reason", "table"} and len(d["table"]) > 1 and d["reason"]
+    winner = d["table"][d["chosen"]]["candidate"]
+    assert f"{winner} won: " in d["reason"] if d["chosen"] else d["reason"].startswith(("greedy answer kept", "no "))
+    status, data = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({**body, "stream": True}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    chunks = [json.loads(line[6:]) for line in data.decode().split("\n\n") if line.startswith("data: {")]
+    ends = [c["choices"][0] for c in chunks if "entropix_deliberation" in c["choices"][0]]
+    assert len(ends) == 1 and ends[0]["finish_reason"] and ends[0]["entropix_deliberation"] == d
+    greedy = post(port, {**body, "sampler": "greedy"})[1]["choices"][0]
+    assert "entropix_deliberation" not in greedy
+
+
 def test_n_above_the_batch_is_a_400(port):
     status, out = post(port, {"messages": MESSAGES, "n": 9})
     assert status == 400 and out["error"]["param"] == "n"

@@ -39,7 +39,7 @@ from ..sampling.samplers import GREEDY_PARAMS
 from ..sampling.selection import Candidate, Deliberation, answer_scores, candidate_from, select, why
 from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
-from .gated import gated_stages, root_sampler, voting
+from .gated import gated_stages, root_sampler
 from .rows import Request, RowResult
 
 
@@ -98,11 +98,10 @@ def deliberate_batch(
         candidates = [candidate(index, r) for r in results]
         for r in results:
             del made[r.row]
-        voters = voting(candidates)
+        # A candidate the running stop ended never competes (`pool_of`): it keeps its row in the table.
         chosen, reason, scores = select(
-            voters, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
+            candidates, config.selector, config.margin, config.clean_first, config.vote_temperature, config.group_tokens
         )
-        chosen = next(i for i, c in enumerate(candidates) if c is voters[chosen])
         prefilled = later.pop(index, 0) * (len(requests[index].prompt) - len(prefix)) + rerun.pop(index, 0)
         table = why(candidates, config.selector, config.clean_first, config.vote_temperature, config.group_tokens)
         yield index, Deliberation(candidates, chosen, reason, scores, prefilled, table), seconds

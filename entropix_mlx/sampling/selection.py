@@ -200,6 +200,22 @@ def _mean(values: list) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def pool_of(candidates: list[Candidate], clean_first: str) -> list[int]:
+    """The candidates that compete: those without a flaw under `clean_first`
+    (`Candidate.flaw`), else all but those a running stop ended."""
+    clean = [i for i, c in enumerate(candidates) if c.flaw(clean_first) is None]
+    return clean or [i for i, c in enumerate(candidates) if c.finish_reason != STOPPED] or list(range(len(candidates)))
+
+
+def short_answer(answer: str | None, width: int = 20) -> str:
+    """An answer as the table and its rule line show it: one line, cut to `width`
+    (an answer read from text without a number is its whole first line)."""
+    if answer is None:
+        return "none"
+    answer = " ".join(answer.split())
+    return answer if len(answer) <= width else answer[: width - 1] + "…"
+
+
 def why(
     candidates: list[Candidate], selector: str, clean_first: str, temperature: float = 0.1, window: int = 16
 ) -> list[dict]:
@@ -207,13 +223,13 @@ def why(
     (exp of its mean log-probability: the geometric mean of its tokens'
     probabilities), its score under the selector (a vote's share of the votes cast),
     how it ended, and why it did not compete, if it did not (`Candidate.flaw`)."""
-    pool = [c for c in candidates if c.flaw(clean_first) is None] or candidates
+    pool = pool_of(candidates, clean_first)
     score, _ = SELECTORS[selector]
-    values = {id(c): score(c, temperature, window) for c in pool if c.answer is not None}
+    values = {i: score(candidates[i], temperature, window) for i in pool if candidates[i].answer is not None}
     total = sum(values.values()) if selector in VOTE_SELECTORS else 0.0
     rows = []
     for i, c in enumerate(candidates):
-        value = values.get(id(c))
+        value = values.get(i)
         rows.append(
             {
                 "candidate": "greedy" if c.parent is None else f"branch {i}",
@@ -222,10 +238,22 @@ def why(
                 "score": None if value is None else round(value / total if total else value, 3),
                 "tokens": c.own_tokens,
                 "ended": c.finish_reason,
-                "left_out": None if any(c is p for p in pool) else c.flaw(clean_first),
+                "left_out": None if i in pool else c.flaw(clean_first),
             }
         )
     return rows
+
+
+def _told(rows: list[dict], selector: str, answer: str) -> str:
+    """An answer's score as the table gives it: its candidates' scores combined
+    as the selector combines them (the best, or the sum: a vote's share), and
+    which rows they are."""
+    _, combine = SELECTORS[selector]
+    mine = [r for r in rows if r["answer"] == answer and r["score"] is not None]
+    if combine is max:
+        mine = [max(mine, key=lambda r: r["score"])]
+    value = round(sum(r["score"] for r in mine), 3)
+    return f"{value:.3f} for {short_answer(answer)!r} ({' + '.join(r['candidate'] for r in mine)})"
 
 
 def select(
@@ -244,34 +272,53 @@ def select(
     A degenerate candidate (`Candidate.flaw` under the rule `clean_first`)
     loses to any that ended cleanly, whatever its score: only the clean ones
     compete when there are some, and a degenerate greedy answer keeps no
-    margin, so the best clean answer replaces it."""
-    pool = [i for i, c in enumerate(candidates) if c.flaw(clean_first) is None] or list(range(len(candidates)))
+    margin, so the best clean answer replaces it.
+
+    Why is the rule line under the table (`why`), from the table's numbers:
+    the winner's score, the runner-up's, the margin and whether it held."""
+    pool = pool_of(candidates, clean_first)
     scores = answer_scores([candidates[i] for i in pool], selector, temperature, window)
+    rows = why(candidates, selector, clean_first, temperature, window)
+
+    def likeliest(answer):
+        return max((i for i in pool if candidates[i].answer == answer), key=lambda i: (candidates[i].mean_logprob, -i))
+
+    def best_other(than):
+        return max((a for a in scores if a != than), key=lambda a: scores[a], default=None)
+
     if 0 not in pool:
-        best = max(scores, key=lambda a: scores[a]) if scores else None
-        index = max((i for i in pool if candidates[i].answer == best), key=lambda i: (candidates[i].mean_logprob, -i))
-        how = f"{selector} {_fmt(scores[best])} for {best!r}" if scores else "no clean candidate has an answer"
-        return index, f"the greedy answer {candidates[0].flaw(clean_first)}; the best clean one won ({how})", scores
+        flaw = candidates[0].flaw(clean_first)
+        if not scores:
+            index = likeliest(None)
+            return index, f"the greedy answer {flaw}; no clean candidate has an answer: the likeliest won", scores
+        best = max(scores, key=lambda a: scores[a])
+        index, other = likeliest(best), best_other(best)
+        how = f"{selector} {_told(rows, selector, best)}"
+        how += f"; the best other, {_told(rows, selector, other)}" if other is not None else ""
+        return index, f"the greedy answer {flaw}, so it keeps no margin; {rows[index]['candidate']} won: {how}", scores
     greedy = candidates[0].answer
     if not scores:
         return 0, "no candidate has an answer: kept the greedy one", scores
     best = max(scores, key=lambda a: (scores[a], a == greedy))
     base = scores.get(greedy, -math.inf)
-    if best == greedy or scores[best] - base <= margin:
-        return 0, f"greedy answer kept ({selector} {_fmt(base)}; best other within {margin:g})", scores
-    index = max((i for i in pool if candidates[i].answer == best), key=lambda i: candidates[i].mean_logprob)
-    return (
-        index,
-        (
-            f"{selector} {_fmt(scores[best])} for {best!r} beats the greedy answer's "
-            f"{_fmt(base)} by more than {margin:g}"
-        ),
-        scores,
+    # A vote's margin counts votes; its table shows shares of the votes cast.
+    total = sum(scores.values())
+    step = f"{margin:g}" + (
+        f" ({margin / total:.3f} of the votes)" if selector in VOTE_SELECTORS and margin and total else ""
     )
-
-
-def _fmt(x: float) -> str:
-    return "none" if x == -math.inf else f"{x:.3f}"
+    if best == greedy or scores[best] - base <= margin:
+        other = best_other(greedy)
+        rest = (
+            f"the best other, {_told(rows, selector, other)}, is not more than {step} above it"
+            if other is not None
+            else ""
+        )
+        return 0, f"greedy answer kept: {selector} {_told(rows, selector, greedy)}; {rest or 'no other answer'}", scores
+    index = likeliest(best)
+    how = f"{rows[index]['candidate']} won: {selector} {_told(rows, selector, best)}"
+    if greedy is None:
+        return index, f"{how}; the greedy answer has none", scores
+    return index, f"{how} is more than {step} above the greedy answer's {_told(rows, selector, greedy)}", scores
 
 
 MEASURES = ("entropy", "varentropy", "attn_entropy", "agreement")
@@ -304,7 +351,8 @@ def candidate_from(result, tokenizer, answer_of, measured: bool = False) -> Cand
         continuation_margin=_mean(margins[rest]),
         branched_at=[i for i, m in enumerate(result.metrics) if m.get("spawned")] if result.parent is None else [],
         loop=longest_loop(result.tokens),
-        top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops],
+        # A row asked for no alternatives records an empty list per token: none kept, then.
+        top=[[[t, round(lp, 3)] for t, lp in alternatives] for alternatives in result.tops] if any(result.tops) else [],
         measures={k: [round(m.get(k, 0.0), 4) for m in result.metrics] for k in MEASURES} if measured else {},
     )
 

@@ -212,6 +212,9 @@ class Server:
             _, finish, tail, summary = event
             answer.text += tail
             answer.finish_reason = finish if finish != "cancelled" else "stop"
+            deliberation = getattr(summary, "deliberation", None)
+            if deliberation is not None:  # why deliberate chose: what `run` prints under the answer
+                answer.deliberation = {k: deliberation[k] for k in ("chosen", "reason", "table")}
             return tail, [], None
         raise APIError(500, event[1], None, type="server_error", code="generation_failed")
 

@@ -131,6 +131,7 @@
         if (choice.delta && choice.delta.content) text_ += choice.delta.content;
         if (choice.finish_reason) finish = choice.finish_reason;
         if (choice.entropix_fields) EntropixView.shadeFields(body, choice.entropix_fields, msg);
+        if (choice.entropix_deliberation) EntropixView.deliberation(msg, choice.entropix_deliberation);
         if (!redraw) redraw = requestAnimationFrame(() => { redraw = 0; EntropixView.chart(svg, view.tokens, state.info.thresholds); });
       }
     } catch (e) {

@@ -1,5 +1,6 @@
 // Rendering shared by the live page (app.js) and an exported answer: tokens
-// coloured by strategy, the hover/tap details, the legend, the entropy chart.
+// coloured by strategy, the hover/tap details, the legend, the entropy chart,
+// deliberate's reasons.
 // A token here is a `run --json` record plus `alternatives`: [{token, logprob}].
 "use strict";
 const EntropixView = (() => {
@@ -84,6 +85,29 @@ const EntropixView = (() => {
       list.append(el("div", { "data-field": f.path }, `${f.path}  ${JSON.stringify(f.value)}  ${fmt(f.min_confidence, 2)} / ${fmt(f.mean_confidence, 2)}`));
     }
     (after || container).append(list);
+  }
+
+  // Deliberate's reasons, as `run` prints them: each candidate's answer (cut to the
+  // column, whole on hover), confidence, score, tokens and ending, then the rule line.
+  function deliberation(after, d) {
+    const table = el("table", { class: "deliberation" });
+    const head = el("tr");
+    for (const name of ["candidate", "answer", "confidence", "score", "tokens", "ended"]) head.append(el("th", {}, name));
+    table.append(head);
+    d.table.forEach((r, i) => {
+      const row = el("tr", i === d.chosen ? { class: "chosen" } : {});
+      const answer = r.answer === null ? "none" : r.answer;
+      row.append(el("td", { "data-column": "candidate" }, r.candidate + (i === d.chosen ? " (chosen)" : "")),
+                 el("td", { "data-column": "answer", class: "answer-cell", title: answer }, answer),
+                 el("td", { "data-column": "confidence", class: "num" }, r.confidence.toFixed(3)),
+                 el("td", { "data-column": "score", class: "num" }, r.score === null ? "" : r.score.toFixed(3)),
+                 el("td", { "data-column": "tokens", class: "num" }, String(r.tokens)),
+                 el("td", { "data-column": "ended" }, r.ended + (r.left_out ? ` (left out: ${r.left_out})` : "")));
+      table.append(row);
+    });
+    const box = el("div", { class: "deliberation" });
+    box.append(table, el("div", { class: "meta rule" }, `rule: ${d.reason}`));
+    after.append(box);
   }
 
   function details(tok) {
@@ -249,5 +273,5 @@ const EntropixView = (() => {
       `JSON.parse(document.getElementById("entropix-data").textContent));<\/script>\n</body>\n</html>\n`;
   }
 
-  return { colorOf, legend, answer, attachTooltip, chart, renderExport, exportHtml, details, shadeFields };
+  return { colorOf, legend, answer, attachTooltip, chart, renderExport, exportHtml, details, shadeFields, deliberation };
 })();
