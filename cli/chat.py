@@ -18,7 +18,8 @@ from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.front import SAMPLER_NAMES, choose
-from entropix_mlx.front.registry import sampler_legend
+from entropix_mlx.front.registry import sampler_legend, spec_for
+from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
 from . import render
 from .deliberation import deliberation_progress, deliberation_table
@@ -47,6 +48,7 @@ from .options import (
     WeightsOpt,
     check_config,
     check_options,
+    reasoning_hint,
 )
 from .signals import Terminated, deferred
 
@@ -84,6 +86,7 @@ class ChatSession:
         self.conversation = Conversation(loaded.model, loaded.tokenizer, system=system or None)
         self.interactive = sys.stdin.isatty()
         self.writes_files = True
+        self.hinted = False  # the reasoning hint is shown once a session
         self.out = render.make_console(no_color=no_color)
         self.color = not no_color and self.out.is_terminal and not self.out.no_color
         if not self.color:
@@ -202,10 +205,20 @@ class ChatSession:
             self.out.print(render.summary_line(summary, prefilled=turn.prefilled))
             if getattr(summary, "deliberation", None):  # deliberate: why it chose
                 self.out.print(deliberation_table(summary.deliberation, self.color))
+            self.hint_reasoning(text, turn)
             if problem:
                 self.meta(problem)
         if isinstance(interrupted, Terminated):  # SIGTERM: the answer so far is shown; now leave
             raise interrupted
+
+    def hint_reasoning(self, text: str, turn):
+        """Once a session: a chain of thought answered without --reasoning hears of it."""
+        if self.hinted or self.sampler_options["reasoning"] or spec_for(self.sampler) is None:
+            return
+        answer = "".join(e.text for e in turn.events)
+        if looks_like_chain_of_thought(f"{self.conversation.system or ''}\n{text}", answer):
+            self.meta(reasoning_hint(spec_for(self.sampler)))
+            self.hinted = True
 
     # -- commands -------------------------------------------------------------
 

@@ -204,6 +204,17 @@ WeightsOpt = Annotated[
 ]
 
 
+def reasoning_hint(spec) -> str:
+    """The line that points a chain of thought at the reasoning switch, in the flags that
+    work from sampler `spec`; the costs are the sampler-costs table's (docs/results.md)."""
+    entropix = "--reasoning" if spec.reasoning and not spec.whole_answers else "--sampler entropix --reasoning"
+    deliberate = "--reasoning" if spec.reasoning and spec.whole_answers else "--reasoning --sampler deliberate"
+    return (
+        f"hint: this looks like a chain of thought; {entropix} sets entropix for one (about greedy's cost), "
+        f"{deliberate} sets deliberate for one (about two and a half times greedy's tokens)"
+    )
+
+
 def check_options(
     sampler: str,
     config: str | None,

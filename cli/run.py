@@ -21,6 +21,7 @@ from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
 from entropix_mlx.front import choose
 from entropix_mlx.front.registry import sampler_legend
+from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
 from . import render
 from .deliberation import deliberation_progress, deliberation_table
@@ -50,6 +51,7 @@ from .options import (
     WeightsOpt,
     check_config,
     check_options,
+    reasoning_hint,
 )
 from .signals import deferred, exit_code
 
@@ -177,6 +179,9 @@ def run(
     code, summary = stream(generation, begin, show, json_lines, out, prepared.clamped, extra)
     if not json_lines:
         print_end(err, summary, generation if schema is not None else None, color)
+        answer = "".join(e.text for e in generation.events)
+        if not reasoning and looks_like_chain_of_thought(f"{system or ''}\n{text}", answer):
+            err.print(reasoning_hint(choice.spec), style=render.META_STYLE)
     if recorder is not None and w.root:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))

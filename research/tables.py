@@ -198,7 +198,7 @@ def bench_results(folder: str) -> dict:
 
 
 def speed_markdown(kind: str, results: dict) -> str:
-    """speed: docs/speed.md's figures; speed-readme: the README's; speed-schema: under a JSON schema."""
+    """speed: docs/speed.md's figures; speed-readme: their short form (docs/results.md); speed-schema: under a JSON schema."""
     heads = {
         "speed": "| `--weights auto` (float32, OpenBLAS + thin kernels) | mlx-lm decode | engine greedy decode "
         "| full Entropix decode | prefill | Entropix first token | peak memory |",
@@ -227,7 +227,7 @@ def speed_markdown(kind: str, results: dict) -> str:
             ]
             if kind == "speed":
                 cells.insert(1, f"{m['decode_tps']:.2f} tok/s")
-            else:  # the README's short form
+            else:  # the short form
                 cells = [c.replace("**", "") for c in cells]
                 cells[3] = f"{e['prefill_tps']:.1f} tok/s, {x['prefill']:.1f}×"
                 cells[4] = f"{first}, {x['first_token']:.2f}× sooner"

@@ -79,15 +79,59 @@ def test_the_cli_names_its_flag_where_the_library_names_a_setting():
     assert code == 2 and "--split 'nope'" in err
 
 
-def test_the_readmes_speed_figures_come_from_docs_speed():
-    """One source for each figure: every number of the README's speed part is on docs/speed.md."""
-    readme = (ROOT / "README.md").read_text()
-    part = readme[readme.index("**Speed** against mlx-lm") : readme.index("## Documentation")]
+def test_the_results_speed_figures_come_from_docs_speed():
+    """One source for each figure: every number of docs/results.md's speed part is on docs/speed.md."""
+    results = (ROOT / "docs" / "results.md").read_text()
+    part = results[results.index("\n## Speed\n") :]
     speed = (ROOT / "docs" / "speed.md").read_text()
     figures = set(re.findall(r"\d+\.\d+", part))
     assert len(figures) > 20
     missing = sorted(f for f in figures if f not in speed)
-    assert not missing, f"README speed figures not on docs/speed.md: {missing}"
+    assert not missing, f"docs/results.md speed figures not on docs/speed.md: {missing}"
+
+
+def test_the_readme_is_short_and_names_no_path_outside_the_repository():
+    """A clone is all a reader has: no `../` path, no file of the development machines' shared/data."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 350
+    outside = [line for line in readme.splitlines() if "../" in line or "shared/data" in line]
+    assert not outside, "README.md names paths outside the repository:\n" + "\n".join(outside)
+
+
+def prose(path: Path) -> list[str]:
+    """A page's lines outside its code blocks."""
+    lines, fenced = [], False
+    for line in path.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        lines += [] if fenced or line.startswith("```") else [line]
+    return lines
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    anchors, seen = set(), {}
+    for line in prose(path):
+        if m := re.match(r"#+\s+(.*)", line):
+            anchor = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n, seen[anchor] = seen.get(anchor, 0), seen.get(anchor, 0) + 1
+            anchors.add(anchor if n == 0 else f"{anchor}-{n}")
+    return anchors
+
+
+def test_every_link_in_the_readme_and_docs_leads_somewhere():
+    """A relative link names a file of the repository, and a `#part` a heading of that page."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", "\n".join(prose(page))):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:, data:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.is_relative_to(ROOT) or not file.exists():
+                broken.append(f"{page.name}: {target} (no such file in the repository)")
+            elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
 
 
 def test_the_staged_config_in_docs_is_the_preset():

@@ -235,3 +235,57 @@ def test_a_reasoning_deliberate_reads_and_picks_a_chain_of_thoughts_answer_as_ev
     by_eval_chosen, _, by_eval_scores = select(cot_candidates(lambda t: score(t, number, cot=True)[0]), *rule)
     assert (chosen, scores) == (by_eval_chosen, by_eval_scores)
     assert select(cot_candidates(plain.answer_of), *rule)[0] == 0  # read by their last numbers, 999 stays
+
+
+@pytest.mark.parametrize(
+    "prompt,answer,expected",
+    [
+        ("Solve it step by step: 3 + 4?", "7", True),
+        ("How many apples? Show your work.", "Some apples.", True),
+        ("Think it through: which is larger?", "", True),
+        ("3 + 4?", "3 plus 4 makes 7.\nSo $\\boxed{7}$.", True),
+        ("3 + 4?", "We add 3 and 4.\nThat is 7.\nAnswer: 7", True),
+        ("3 + 4?", "Adding them:\n**Final Answer**: 7", True),
+        ("3 + 4?", "\\boxed{7}", True),
+        ("Write a haiku about rain.", "Soft rain on the roof\nthe gutters sing\nmorning smells of earth", False),
+        ("What is the capital of France?", "Answer: Paris", False),  # one line: a short answer
+        ("List the steps to bake bread.", "1. Mix.\n2. Knead.\n3. Bake.", False),
+        ("3 + 4?", "The boxed{7} answer is 7.\nDone.", False),
+        ("3 + 4?", "Answer: 7\nIt is a small number.", False),  # the answer line is not the end
+        ("", "", False),
+    ],
+)
+def test_what_reads_as_a_chain_of_thought(prompt, answer, expected):
+    from entropix_mlx.sampling.answers import looks_like_chain_of_thought
+
+    assert looks_like_chain_of_thought(prompt, answer) is expected
+
+
+def hints(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("hint: this looks like a chain of thought")]
+
+
+def test_run_hints_at_the_reasoning_switch_once_and_not_with_it(tiny_ref):
+    asks = ["run", "-m", tiny_ref, "3 + 4, step by step", "--max-tokens", "3"]
+    code, out, err = invoke(*asks)
+    assert code == 0, err
+    (hint,) = hints(err)
+    assert "--reasoning sets entropix" in hint and "--reasoning --sampler deliberate sets deliberate" in hint
+    assert err.index("stopped: ") < err.index(hint) and not hints(out)  # after the summary, never in the answer
+    for extra in (["--reasoning"], ["--sampler", "deliberate", "--reasoning"], ["--json"]):
+        code, out, err = invoke(*asks, *extra)
+        assert code == 0 and not hints(err) and not hints(out), err
+    code, _, err = invoke("run", "-m", tiny_ref, "3 + 4?", "--max-tokens", "3")
+    assert code == 0 and not hints(err)
+    # from a sampler without the switch, the hint names the sampler that has it
+    code, _, err = invoke(*asks, "--sampler", "greedy")
+    assert code == 0 and "--sampler entropix --reasoning sets entropix" in hints(err)[0]
+
+
+def test_chat_hints_once_a_session(tiny_ref):
+    script = "2 + 2 step by step\n/reset\n2 + 2 step by step\n"
+    code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "2", input=script)
+    assert code == 0, err
+    assert len(hints(out)) == 1 and out.count("stopped: ") == 2
+    code, out, err = invoke("chat", "-m", tiny_ref, "--reasoning", "--max-tokens", "2", input=script)
+    assert code == 0 and not hints(out), err

@@ -22,6 +22,7 @@ numbers.
 Without a task, a decoder reads a candidate's answer with `default_answer`
 (the last number, else the first line), or for a chain of thought with
 `chain_of_thought_answer` (eval's reading of a number item under chain of thought).
+`looks_like_chain_of_thought` says whether a prompt and its answer read as one.
 """
 
 import re
@@ -188,3 +189,24 @@ def default_answer(text: str) -> str | None:
         return value.rstrip("0").rstrip(".") if "." in value else value
     line = next((s for s in text.splitlines() if s.strip()), "")
     return " ".join(re.sub(r"[^\w\s]", " ", line.lower()).split()) or None
+
+
+# A prompt that asks the model to reason before it answers, not one that asks for a list of steps.
+_ASKS_FOR_STEPS = re.compile(
+    r"\bstep[-\s]+by[-\s]+step\b|\bshow\s+(?:your|the|all)\s+(?:work|working|steps|reasoning)\b"
+    r"|\bexplain\s+your\s+reasoning\b|\bthink\s+(?:it\s+)?through\b",
+    re.IGNORECASE,
+)
+_ANSWER_LINE = re.compile(r"^\W*(?:final\s+)?answer\W*:", re.IGNORECASE)
+
+
+def looks_like_chain_of_thought(prompt: str, answer: str) -> bool:
+    """Whether the prompt asks for steps ("step by step", "show your work"), or the
+    answer ends as a chain of thought does: its last line has a `\\boxed{}`, or is
+    an "Answer:" line after lines of working (one line alone is a short answer)."""
+    if _ASKS_FOR_STEPS.search(prompt):
+        return True
+    lines = [line for line in answer.splitlines() if line.strip()]
+    if not lines:
+        return False
+    return _BOXED.search(lines[-1]) is not None or (len(lines) > 1 and _ANSWER_LINE.match(lines[-1]) is not None)
