@@ -202,7 +202,8 @@ class ChatSession:
             self.conversation.finish(turn, interrupted=interrupted is not None)
             self.out.print()
             summary = turn.generation.summary()
-            self.out.print(render.summary_line(summary, prefilled=turn.prefilled))
+            confidence = self.loaded.confidence([e.to_dict() for e in turn.events], summary.finish_reason)
+            self.out.print(render.summary_line(summary, prefilled=turn.prefilled, confidence=confidence))
             if getattr(summary, "deliberation", None):  # deliberate: why it chose
                 self.out.print(deliberation_table(summary.deliberation, self.color))
             self.hint_reasoning(text, turn)

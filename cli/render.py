@@ -82,7 +82,7 @@ def fields_table(fields: list[dict]) -> Text:
     return out
 
 
-def summary_line(summary, prefilled: int | None = None) -> Text:
+def summary_line(summary, prefilled: int | None = None, confidence: dict | None = None) -> Text:
     """'42 tokens · prompt 310.2 tok/s · generation 6.9 tok/s · peak 0.31 GB · argmax 30, ... · stopped: eos'."""
     parts = [plural(summary.tokens, "token")]
     if prefilled is not None:
@@ -106,4 +106,13 @@ def summary_line(summary, prefilled: int | None = None) -> Text:
     if summary.thinking_insertions:
         line.append(f" · {plural(summary.thinking_insertions, 'thinking insertion')}", style=META_STYLE)
     line.append(f" · stopped: {summary.finish_reason}", style=META_STYLE)
+    if confidence is not None:
+        line.append(f" · {confidence_text(confidence)}", style=META_STYLE)
     return line
+
+
+def confidence_text(confidence: dict) -> str:
+    """'confidence 0.23 (unsure)', or 'confidence uncalibrated' for a model without a fitted one."""
+    if confidence["confidence"] is None:
+        return "confidence uncalibrated"
+    return f"confidence {confidence['confidence']:.2f} ({confidence['verdict']})"

@@ -175,10 +175,13 @@ def run(
             if hasattr(generation, "on_row"):  # deliberate: show the branches as they finish
                 generation.on_row = deliberation_progress(err, tokenizer, color)
 
-    extra = (lambda: {"fields": answer_fields(generation)}) if schema is not None else None
+    def extra(summary) -> dict:
+        more = {"confidence": loaded.confidence([e.to_dict() for e in generation.events], summary.finish_reason)}
+        return more | ({"fields": answer_fields(generation)} if schema is not None else {})
+
     code, summary = stream(generation, begin, show, json_lines, out, prepared.clamped, extra)
     if not json_lines:
-        print_end(err, summary, generation if schema is not None else None, color)
+        print_end(err, summary, generation if schema is not None else None, color, extra(summary)["confidence"])
         answer = "".join(e.text for e in generation.events)
         if not reasoning and looks_like_chain_of_thought(f"{system or ''}\n{text}", answer):
             err.print(reasoning_hint(choice.spec), style=render.META_STYLE)
@@ -193,10 +196,10 @@ def answer_fields(generation) -> list[dict]:
     return json_fields([e.text for e in generation.events], [e.logprob for e in generation.events])
 
 
-def print_end(err, summary, structured, color: bool) -> None:
+def print_end(err, summary, structured, color: bool, confidence: dict | None = None) -> None:
     """After the answer: its summary line, each value's confidence (`structured`:
     the generation of an answer held to a schema) and deliberate's reasons."""
-    err.print(render.summary_line(summary))
+    err.print(render.summary_line(summary, confidence=confidence))
     if structured is not None:
         err.print(render.fields_table(answer_fields(structured)))
     if getattr(summary, "deliberation", None):  # deliberate: why it chose
@@ -246,7 +249,7 @@ def consoles(no_color: bool, root: bool):
 def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool, extra=None):
     """Hand every token of `generation` to `show` (after `begin`); Ctrl-C or SIGTERM
     stops it with what was generated shown. (exit code, summary). `extra()`: more
-    of the JSON summary."""
+    of the JSON summary, given the summary."""
     code, shown = 0, 0
     try:
         try:
@@ -268,7 +271,7 @@ def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool,
             generation.finish_reason = "context"
         summary = generation.summary()
         if json_lines:
-            sys.stdout.write(json_line({"summary": {**summary.to_dict(), **(extra() if extra else {})}}))
+            sys.stdout.write(json_line({"summary": {**summary.to_dict(), **(extra(summary) if extra else {})}}))
         else:
             out.print()
         sys.stdout.flush()

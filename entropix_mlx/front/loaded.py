@@ -18,11 +18,12 @@ from ..decode.tools import knows_tools, template_messages
 from ..errors import ConfigError, ContextOverflowError
 from ..model.loading import ModelSource
 from ..sampling.cards import CardDocument
+from ..sampling.confidence import AnswerConfidence, answer_end, chain_features
 from ..sampling.constraint import Chain, Constraint, grammar_tokenizer, json_grammar, lark_grammar
 from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
-from ..sampling.settings import read_toml
+from ..sampling.settings import card_data, read_toml
 from .registry import SAMPLER_NAMES, SamplerSpec, build, spec_of
 
 
@@ -196,3 +197,32 @@ class LoadedModel:
         """What the model thought at each token of `answer` after `prompt`, in one
         pass (`decode.forced.forced_signals`)."""
         return forced_signals(self.model, prompt, answer, hidden_at)
+
+    @cached_property
+    def answer_confidence(self) -> AnswerConfidence | None:
+        """The card's fitted `[confidence]` table, or None: this model is uncalibrated."""
+        table = card_data(self.card.ref)[1].get("confidence")
+        if not table:
+            return None
+        try:
+            return AnswerConfidence.from_table(table)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"the card's [confidence] table is not valid ({e}); run calibrate again") from None
+
+    def confidence(self, records: list[dict], finish_reason: str) -> dict:
+        """How likely an answer is right, from its token records (`TokenEvent.to_dict()`
+        or the server's): {"confidence": P, "verdict": ..., "threshold": ...}, or
+        {"confidence": None, "verdict": "uncalibrated"} without a fitted table."""
+        model = self.answer_confidence
+        scored = [r for r in records if isinstance(r.get("entropy"), (int, float))]
+        if model is None or not scored:
+            return {"confidence": None, "verdict": "uncalibrated"}
+        values = chain_features(
+            [r["logprob"] for r in scored],
+            [r["entropy"] for r in scored],
+            [r["varentropy"] for r in scored],
+            answer_end([r["text"] for r in scored]),
+            finish_reason in ("length", "context"),
+        )
+        p = model.probability(values)
+        return {"confidence": round(p, 4), "verdict": model.verdict(p), "threshold": model.threshold}

@@ -212,6 +212,7 @@ class Server:
             _, finish, tail, summary = event
             answer.text += tail
             answer.finish_reason = finish if finish != "cancelled" else "stop"
+            answer.confidence = self.engine.loaded.confidence(answer.records, answer.finish_reason)
             deliberation = getattr(summary, "deliberation", None)
             if deliberation is not None:  # why deliberate chose: what `run` prints under the answer
                 answer.deliberation = {k: deliberation[k] for k in ("chosen", "reason", "table")}

@@ -43,6 +43,7 @@ class Answer:
         self.structured = False  # held to a JSON schema: the end names each value's confidence
         self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
         self.deliberation = None  # deliberate's table and rule line, for the chosen answer's end
+        self.confidence = None  # how likely the answer is right (LoadedModel.confidence), at its end
         self.tools = ()  # the names of the tools it was told of: its calls are read from the answer
         self.no_calls = False  # tool_choice "none": call markup written anyway is dropped, never a call
         self._streamed = 0  # characters of `text` streamed as content (tools: never a call's)
@@ -126,6 +127,8 @@ class Answer:
             choice["entropix_candidate"] = self.candidate
         if self.deliberation is not None and finish is not None:
             choice["entropix_deliberation"] = self.deliberation
+        if self.confidence is not None and finish is not None:
+            choice["entropix_confidence"] = self.confidence
         return choice
 
     def fields(self) -> list[dict]:
