@@ -15,6 +15,7 @@ from entropix_mlx.front import LoadedModel, ModelCard, deterministic
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
 
+from .cache_cmd import size_text
 from .cards import ensure_model_card
 
 
@@ -58,11 +59,14 @@ class Shelf:
         return loaded
 
 
-def _say_kept(entry, nbytes: int) -> None:
-    """The load cache took disk space: say how much, where, and how to get it back."""
+def _say_kept(entry, nbytes: int, file_bytes: int, fmt: str) -> None:
+    """The load cache took disk space: say how much (beside the file's own size:
+    float32 weights take several times a quantized file's), where, and how to get it back."""
+    form = "as float32, for the fast CPU path" if fmt == "float32" else "in the file's own format"
     print(
-        f"kept this model's loaded form ({nbytes / 1e9:.2f} GB) in {entry.parent}, so later starts "
-        "take seconds; `entropix-mlx cache` lists and removes it (--no-cache: do without)",
+        f"kept this model's loaded form in {entry.parent} ({size_text(nbytes)}: the {size_text(file_bytes)} "
+        f"file's weights {form}), so later starts take seconds; `entropix-mlx cache` lists and removes it "
+        "(--no-cache: do without)",
         file=sys.stderr,
     )
 
