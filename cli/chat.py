@@ -22,7 +22,7 @@ from entropix_mlx.front.registry import sampler_legend
 
 from . import render
 from .deliberation import deliberation_progress, deliberation_table
-from .loaded import header, quiet_unless_root, silence_stdout
+from .loaded import every_seed_gives, header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -200,7 +200,8 @@ class ChatSession:
             self.conversation.finish(turn, interrupted=interrupted is not None)
             self.out.print()
             summary = turn.generation.summary()
-            self.out.print(render.summary_line(summary, prefilled=turn.prefilled))
+            every_seed = every_seed_gives(self.sampler, summary)
+            self.out.print(render.summary_line(summary, prefilled=turn.prefilled, every_seed=every_seed))
             if getattr(summary, "deliberation", None):  # deliberate: why it chose
                 self.out.print(deliberation_table(summary.deliberation, self.color))
             if problem:
