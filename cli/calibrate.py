@@ -12,7 +12,7 @@ from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, run_on_root, world
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.model.loading import model_identity, resolve
-from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
+from entropix_mlx.sampling.cards import checked_user_cards_dir, shipped_card, user_card_path
 
 from .options import ModelOpt, WeightsOpt
 from .signals import exit_code
@@ -90,7 +90,7 @@ def calibrate(
         folder, why = checked_user_cards_dir()
         if why:
             raise ConfigError(f"cannot write the user card: {why}; choose a place with --out")
-        out = folder / user_card_name(source.name, identity)
+        out = user_card_path(folder, source.name, identity)
     if keep_thresholds:
         run_on_root(w, lambda: check_card_exists(out))
         return tune_card(llm, tokenizer, source.name, out, limit, candidates, w.root)

@@ -23,7 +23,7 @@ from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
 from . import render
 from .deliberation import deliberation_progress, deliberation_table
-from .loaded import header, quiet_unless_root, silence_stdout
+from .loaded import every_seed_gives, header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -203,7 +203,10 @@ class ChatSession:
             self.out.print()
             summary = turn.generation.summary()
             confidence = self.loaded.confidence([e.to_dict() for e in turn.events], summary.finish_reason)
-            self.out.print(render.summary_line(summary, prefilled=turn.prefilled, confidence=confidence))
+            every_seed = every_seed_gives(self.sampler, summary)
+            self.out.print(
+                render.summary_line(summary, prefilled=turn.prefilled, every_seed=every_seed, confidence=confidence)
+            )
             if getattr(summary, "deliberation", None):  # deliberate: why it chose
                 self.out.print(deliberation_table(summary.deliberation, self.color))
             self.hint_reasoning(text, turn)

@@ -1,4 +1,6 @@
-"""eval's progress bar on stderr: answers done of all the run needs, and the time left."""
+"""eval's progress on stderr: the running sampler's items done of the items
+asked for and, where the run holds more than one (several samplers or seeds),
+the answers done of all it needs, each with the time left."""
 
 from rich.console import Console
 
@@ -17,24 +19,30 @@ def run_with_progress(run, llm, tokenizer, task_list, cfg, out, factory):
         TextColumn("{task.description:<18}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("answers"),  # every sampler's, each seed's: not items
+        TextColumn("{task.fields[unit]}"),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
     # Drawn from the first item on: a run refused before it starts (a sealed file) leaves no bar.
     bar = Progress(*columns, console=Console(stderr=True), transient=False)
-    first = {}
+    several = len(cfg.runs()) > 1
+    jobs = {}
 
-    def progress(done, total, description):
-        if not first:
-            # Items already done (a resumed run) must not count towards the
-            # speed the ETA is computed from: start the bar after them.
-            first["done"] = done
+    def progress(done, total, description, run_done, run_items):
+        # Counts given at the start (a resumed run's) are shown but make no speed: the ETA counts only new answers.
+        if not jobs:
             bar.start()
-            first["job"] = bar.add_task(description, total=total - done, completed=0)
+            jobs["run"] = bar.add_task(description, total=run_items, completed=run_done, unit="items")
+            if several:
+                jobs["all"] = bar.add_task("all runs", total=total, completed=done, unit="answers")
+        elif description != jobs.get("name", description):  # the next sampler or seed: its own clock
+            bar.reset(jobs["run"], total=run_items, completed=run_done, description=description, unit="items")
         else:
-            bar.update(first["job"], completed=done - first["done"], description=description)
+            bar.update(jobs["run"], completed=run_done)
+        if several:
+            bar.update(jobs["all"], completed=done)
+        jobs["name"] = description
 
     try:
         return run(llm, tokenizer, task_list, cfg, out_dir=out, make_sampler=factory, progress=progress)

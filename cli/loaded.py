@@ -12,9 +12,11 @@ from entropix_mlx.accel.blas import blas_name, blas_refused
 from entropix_mlx.accel.weights import weights_format
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.front import LoadedModel, ModelCard, deterministic
+from entropix_mlx.front.registry import same_for_every_seed, seeded_strategies
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
 
+from .cache_cmd import size_text
 from .cards import ensure_model_card
 
 
@@ -58,11 +60,14 @@ class Shelf:
         return loaded
 
 
-def _say_kept(entry, nbytes: int) -> None:
-    """The load cache took disk space: say how much, where, and how to get it back."""
+def _say_kept(entry, nbytes: int, file_bytes: int, fmt: str) -> None:
+    """The load cache took disk space: say how much (beside the file's own size:
+    float32 weights take several times a quantized file's), where, and how to get it back."""
+    form = "as float32, for the fast CPU path" if fmt == "float32" else "in the file's own format"
     print(
-        f"kept this model's loaded form ({nbytes / 1e9:.2f} GB) in {entry.parent}, so later starts "
-        "take seconds; `entropix-mlx cache` lists and removes it (--no-cache: do without)",
+        f"kept this model's loaded form in {entry.parent} ({size_text(nbytes)}: the {size_text(file_bytes)} "
+        f"file's weights {form}), so later starts take seconds; `entropix-mlx cache` lists and removes it "
+        "(--no-cache: do without)",
         file=sys.stderr,
     )
 
@@ -110,8 +115,24 @@ def header(source, sampler, seed: int, model=None, verbose: bool = False) -> str
     config_source = getattr(sampler, "config_source", None)  # entropix: card, preset or file
     if config_source:
         parts.append(config_source)
-    parts.append("deterministic (the seed changes nothing)" if deterministic(sampler) else f"seed {seed}")
+    parts.append(
+        "deterministic (the seed changes nothing)" if deterministic(sampler) else seed_words(sampler, seed, model)
+    )
     return " · ".join(parts)
+
+
+def seed_words(sampler, seed: int, model=None) -> str:
+    """The seed, and for Entropix the steps it draws at: the rest of an answer
+    is the same for every seed."""
+    seeded = seeded_strategies(sampler, model.args.vocab_size if model is not None else None)
+    if seeded == ("sample",):  # a baseline: every token is drawn
+        return f"seed {seed}"
+    return f"seed {seed} (used at {' and '.join(seeded)} steps)"
+
+
+def every_seed_gives(sampler, summary) -> bool:
+    """Whether a sampler that may sample gave an answer that every seed gives (no token drawn)."""
+    return not deterministic(sampler) and same_for_every_seed(sampler, summary.strategy_counts)
 
 
 def silence_stdout():

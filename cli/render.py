@@ -82,8 +82,12 @@ def fields_table(fields: list[dict]) -> Text:
     return out
 
 
-def summary_line(summary, prefilled: int | None = None, confidence: dict | None = None) -> Text:
-    """'42 tokens · prompt 310.2 tok/s · generation 6.9 tok/s · peak 0.31 GB · argmax 30, ... · stopped: eos'."""
+def summary_line(
+    summary, prefilled: int | None = None, every_seed: bool = False, confidence: dict | None = None
+) -> Text:
+    """'42 tokens · prompt 310.2 tok/s · generation 6.9 tok/s · peak 0.31 GB · argmax 30, ... · stopped: eos'.
+    `every_seed`: the sampler may sample, but no token of this answer was drawn; `confidence`:
+    `LoadedModel.confidence` of the answer."""
     parts = [plural(summary.tokens, "token")]
     if prefilled is not None:
         parts.append(f"prefilled {prefilled}")
@@ -105,6 +109,8 @@ def summary_line(summary, prefilled: int | None = None, confidence: dict | None 
         )
     if summary.thinking_insertions:
         line.append(f" · {plural(summary.thinking_insertions, 'thinking insertion')}", style=META_STYLE)
+    if every_seed:
+        line.append(" · no token drawn: every seed gives this answer", style=META_STYLE)
     line.append(f" · stopped: {summary.finish_reason}", style=META_STYLE)
     if confidence is not None:
         line.append(f" · {confidence_text(confidence)}", style=META_STYLE)

@@ -19,13 +19,13 @@ from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.front import choose
+from entropix_mlx.front import choose, deterministic
 from entropix_mlx.front.registry import sampler_legend
 from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
 from . import render
 from .deliberation import deliberation_progress, deliberation_table
-from .loaded import header, quiet_unless_root, silence_stdout
+from .loaded import every_seed_gives, header, quiet_unless_root, silence_stdout
 from .options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -176,18 +176,24 @@ def run(
                 generation.on_row = deliberation_progress(err, tokenizer, color)
 
     def extra(summary) -> dict:
-        more = {"confidence": loaded.confidence([e.to_dict() for e in generation.events], summary.finish_reason)}
+        # The answer is every seed's when the sampler never samples or drew none of its tokens.
+        every_seed = deterministic(chooser) or every_seed_gives(chooser, summary)
+        confidence = loaded.confidence([e.to_dict() for e in generation.events], summary.finish_reason)
+        more = {"deterministic": every_seed, "confidence": confidence}
         return more | ({"fields": answer_fields(generation)} if schema is not None else {})
 
     code, summary = stream(generation, begin, show, json_lines, out, prepared.clamped, extra)
+    every_seed = every_seed_gives(chooser, summary)
     if not json_lines:
-        print_end(err, summary, generation if schema is not None else None, color, extra(summary)["confidence"])
+        confidence = extra(summary)["confidence"]
+        print_end(err, summary, generation if schema is not None else None, color, every_seed, confidence)
         answer = "".join(e.text for e in generation.events)
         if not reasoning and looks_like_chain_of_thought(f"{system or ''}\n{text}", answer):
             err.print(reasoning_hint(choice.spec), style=render.META_STYLE)
     if recorder is not None and w.root:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        write_atomic(html, recorder.html(source.name, seed, messages, render.summary_line(summary).plain))
+        line = render.summary_line(summary, every_seed=every_seed).plain
+        write_atomic(html, recorder.html(source.name, seed, messages, line))
     raise typer.Exit(code)
 
 
@@ -196,10 +202,10 @@ def answer_fields(generation) -> list[dict]:
     return json_fields([e.text for e in generation.events], [e.logprob for e in generation.events])
 
 
-def print_end(err, summary, structured, color: bool, confidence: dict | None = None) -> None:
+def print_end(err, summary, structured, color: bool, every_seed: bool = False, confidence: dict | None = None) -> None:
     """After the answer: its summary line, each value's confidence (`structured`:
     the generation of an answer held to a schema) and deliberate's reasons."""
-    err.print(render.summary_line(summary, confidence=confidence))
+    err.print(render.summary_line(summary, every_seed=every_seed, confidence=confidence))
     if structured is not None:
         err.print(render.fields_table(answer_fields(structured)))
     if getattr(summary, "deliberation", None):  # deliberate: why it chose
@@ -248,8 +254,8 @@ def consoles(no_color: bool, root: bool):
 
 def stream(generation, begin, show, json_lines: bool, out, cut_by_context: bool, extra=None):
     """Hand every token of `generation` to `show` (after `begin`); Ctrl-C or SIGTERM
-    stops it with what was generated shown. (exit code, summary). `extra()`: more
-    of the JSON summary, given the summary."""
+    stops it with what was generated shown. (exit code, summary). `extra(summary)`:
+    more of the JSON summary."""
     code, shown = 0, 0
     try:
         try:

@@ -1,39 +1,78 @@
 """Files: writing them so that a crash or Ctrl-C mid-write never leaves a cut
-file, and the one user cache folder (cards, the compiled shim, conversions)."""
+file, the one user cache folder (cards, the compiled shim, conversions), and a
+model file's identity: its content's hash, kept so that it is read once."""
 
 import hashlib
+import json
 import os
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-IDENTITY_SAMPLE = 8 << 20  # bytes read from each end of a model file
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".model", ".gguf")
+HASHES_FILE_ENV = "ENTROPIX_HASHES_FILE"  # where known file hashes are kept (tests: a folder of their own)
+# A file changed this recently may change again within its timestamp's resolution: its hash is not kept.
+SETTLED_SECONDS = 2
 
 
 def model_files_identity(path) -> str:
     """What tells a model's files from any others (the one rule: a user card's
-    model, every rank's model, a cached conversion's source): a hash of each
-    file's size and first and last 8 MiB, and in a folder each file's name
-    there. Where the file lies and what it is called do not count; reading a
-    whole multi-GB file would take seconds at every start, and other weights
-    or another tokenizer differ in those bytes."""
+    model, every rank's model, a load cache entry, a cached conversion's
+    source): a file's sha256 (as `sha256sum` prints it); a folder's, the hash of
+    each file's name and sha256. Where the file lies and what it is called do
+    not count, so a copy or a renamed file is the same model."""
     path = Path(path)
     if path.is_file():
-        files = [path]
-    else:
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES)
+        return file_sha256(path)
     key = hashlib.sha256()
-    for f in files:
-        size = f.stat().st_size
-        key.update(f"\0{f.name if f != path else ''}\0{size}\0".encode())
-        with open(f, "rb") as data:
-            key.update(data.read(IDENTITY_SAMPLE))
-            if size > 2 * IDENTITY_SAMPLE:
-                data.seek(size - IDENTITY_SAMPLE)
-            key.update(data.read())
+    for f in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES):
+        key.update(f"\0{f.name}\0{file_sha256(f)}\0".encode())
     return key.hexdigest()
+
+
+def hashes_file() -> Path:
+    given = os.environ.get(HASHES_FILE_ENV, "")
+    return Path(given).expanduser() if given else user_cache_dir() / "hashes.json"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file's bytes. Reading a multi-GB file takes seconds, so
+    each hash is kept in hashes_file() under the file's path, size, inode and
+    modification and change times (a write changes the change time, which no
+    program can set back): a later start with the file unchanged reads none of
+    it; a copy or a renamed file is read once."""
+    path = Path(path).resolve()
+    info = path.stat()
+    stamp = [info.st_size, info.st_ino, info.st_mtime_ns, info.st_ctime_ns]
+    index = hashes_file()
+    known = _read_hashes(index)
+    entry = known.get(str(path))
+    if isinstance(entry, dict) and entry.get("stat") == stamp and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    with open(path, "rb") as data:
+        digest = hashlib.file_digest(data, "sha256").hexdigest()
+    settled = time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > SETTLED_SECONDS * 10**9
+    if settled and not private_folder(index.parent):
+        known = {k: v for k, v in known.items() if Path(k).exists()}
+        known[str(path)] = {"stat": stamp, "sha256": digest}
+        try:
+            write_atomic(index, json.dumps(known, indent=1) + "\n")
+        except OSError:
+            pass  # not kept: hashed again next time
+    return digest
+
+
+def _read_hashes(index: Path) -> dict:
+    # The hashes choose which cached weights and card a model gets: none are read from a folder others can write.
+    if not index.is_file() or private_folder(index.parent):
+        return {}
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def owned_by_user(path: Path, folder: bool) -> str:

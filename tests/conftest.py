@@ -149,6 +149,20 @@ def load_cache_folder(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hashes_file(tmp_path_factory):
+    """The model files' hashes computed in the tests are kept in a file of this
+    test session, never in the user's cache; CLI subprocesses inherit it."""
+    import os
+
+    from entropix_mlx.files import HASHES_FILE_ENV
+
+    folder = tmp_path_factory.mktemp("hashes")
+    folder.chmod(0o700)
+    os.environ[HASHES_FILE_ENV] = str(folder / "hashes.json")
+    return folder / "hashes.json"
+
+
 REAL_MODEL_FIXTURES = {"smollm", "smollm_native", "smollm_float32"}
 
 

@@ -4,6 +4,7 @@ test runs the built-in tasks on the bundled model."""
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -324,7 +325,7 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tiny, tmp_path):
         config,
         out_dir=out,
         on_record=resumed.append,
-        progress=lambda done, total, what: progress.append((done, total)),
+        progress=lambda done, total, what, run_done, run_items: progress.append((done, total)),
     )
     assert len(resumed) == total - 7  # only what was missing ran
     assert progress[0] == (7, total) and progress[-1] == (total, total)
@@ -437,6 +438,21 @@ def test_eval_command_table_and_plot(tiny_ref, tmp_path):
     assert code == 0, err
     assert "greedy" in out and "temperature" in out and "W/L/T" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "samplers, rows",
+    [
+        ("greedy", ["greedy 2/2 items"]),  # one run: its items are its answers
+        ("greedy,temperature", ["temperature seed 0 2/2 items", "all runs 4/4 answers"]),
+    ],
+)
+def test_eval_progress_counts_the_items_asked_for_per_sampler(tiny_ref, tmp_path, samplers, rows):
+    tasks = write_tasks(tmp_path / "t.jsonl")
+    code, _, err = invoke("eval", tasks, "-m", tiny_ref, "--samplers", samplers, "--max-tokens", "2", "--limit", "2")
+    assert code == 0, err
+    shown = [re.match(r"(.*?) +\S+ (\d+/\d+ \w+) ", line) for line in err.splitlines() if "ETA" in line]
+    assert [" ".join(m.groups()) for m in shown] == rows, err
 
 
 def test_eval_command_frontier_over_budgets_and_k(tiny_ref, tmp_path, monkeypatch):

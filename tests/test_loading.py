@@ -294,6 +294,18 @@ def test_bundled_model_is_found_through_the_package():
     assert resolve("SmolLM2-135M").kind == "bundled"
 
 
+def test_a_copy_of_the_bundled_file_is_the_bundled_model(tmp_path):
+    copy = tmp_path / "my-smollm.gguf"
+    copy.write_bytes(bundled_path().read_bytes())
+    assert resolve(str(copy)).name == "smollm2-135m"  # its shipped card, its name
+    with open(copy, "r+b") as f:  # the same size, one byte else: another model
+        f.seek(copy.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 1]))
+    assert resolve(str(copy)).name == "my-smollm"
+
+
 @pytest.mark.slow
 def test_bundled_hyper_parameters_come_from_metadata(smollm_native):
     model, _ = smollm_native

@@ -53,3 +53,14 @@ def test_a_follower_that_decoded_other_tokens_stops(tiny_model, tiny_tokenizer):
     engine = follower(tiny_model, tiny_tokenizer, steps)
     with pytest.raises(DistributedError, match="rank 1 decoded other tokens than rank 0"):
         follow(engine)
+
+
+def test_a_follower_answers_the_same_choice_of_n(tiny_model, tiny_tokenizer):
+    from entropix_mlx.front import choose
+    from entropix_mlx.server.engine import Job, job_recipe
+    from entropix_mlx.server.lockstep import rebuild
+
+    engine = follower(tiny_model, tiny_tokenizer, [])
+    prepared = engine.loaded.prepare(RECIPE["ids"], choose("entropix"), 4, 3, path_choice=2)
+    job = Job(RECIPE["ids"], prepared.sampler, 4, 3, recipe={**RECIPE, "sampler": "entropix"})
+    assert rebuild(engine, job_recipe(job)).sampler.path_choice == 2  # the same branch paths as rank 0's

@@ -194,6 +194,14 @@ def test_the_docs_tool_call_on_the_bundled_model_has_exactly_the_declared_keys_a
         assert chunks[-1].choices[0].finish_reason == "length" and "<tool_call>" not in content and content == ""
 
 
+def test_n_entropix_choices_differ_on_open_prompts(client):
+    # The bundled card branches by confidence and rarely draws a token: its choices differ at their branches.
+    for prompt in ("Write a haiku about rain.", "Give me three ideas for a rainy day at home."):
+        r = chat(client, prompt, n=3, max_tokens=24, seed=3)
+        texts = [c.message.content for c in r.choices]
+        assert len(set(texts)) == 3 and r.model_extra["warnings"] == [], (texts, r.model_extra["warnings"])
+
+
 def test_completions_endpoint(client):
     r = client.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=4, logprobs=2, extra_body={"sampler": "greedy"}

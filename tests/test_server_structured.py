@@ -170,6 +170,21 @@ def test_n_choices_come_from_one_prefill_each_with_its_own_seed(port):
     assert got == texts
 
 
+def test_n_choices_say_when_they_are_one_answer(port):
+    body = {"messages": MESSAGES, "n": 3, "max_tokens": 6, "seed": 7}
+    status, out = post(port, {**body, "sampler": "greedy"})
+    assert status == 200 and len({c["message"]["content"] for c in out["choices"]}) == 1
+    assert out["deterministic"] is True
+    assert "the greedy sampler never samples: its 3 choices are the same answer" in out["warnings"]
+    status, out = post(port, {**body, "sampler": "temperature", "temperature": 2.0, "repetition_penalty": 50.0})
+    assert status == 200 and out["deterministic"] is False and out["warnings"] == []
+    # Entropix: other seeds and, after the first, other branch paths; a choice that is still another's says so.
+    status, out = post(port, {**body, "sampler": "entropix", "max_tokens": 12})
+    texts = [c["message"]["content"] for c in out["choices"]]
+    same = [w for w in out["warnings"] if "'s answer: no token drawn or branch taken set them apart" in w]
+    assert status == 200 and len(same) == 3 - len(set(texts))
+
+
 def test_n_choices_of_deliberate_are_its_candidates_chosen_first(port):
     body = {"messages": MESSAGES, "n": 3, "max_tokens": 16, "sampler": "deliberate"}
     status, out = post(port, body)

@@ -86,6 +86,20 @@ def test_the_card_is_reused_and_never_by_another_model(tiny, tmp_path, cards_dir
     assert model_identity(one) != model_identity(two)
 
 
+def test_a_copy_or_a_renamed_file_uses_the_card_its_bytes_have(tiny, tmp_path, cards_dir):
+    model, tokenizer = tiny
+    one = source_for(tmp_path, b"weights one")
+    first = usercard.ensure_card(model, tokenizer, one)
+    copy = tmp_path / "elsewhere" / "another-name.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(one.path.read_bytes())
+    renamed = one.path.rename(tmp_path / "renamed.gguf")
+    for path in (copy, renamed):
+        again = usercard.ensure_card(model, tokenizer, ModelSource(str(path), path, "gguf", path.stem))
+        assert again.kind == "user" and again.path == first.path
+    assert list(cards_dir.iterdir()) == [first.path]
+
+
 @pytest.mark.parametrize(
     "damage",
     [

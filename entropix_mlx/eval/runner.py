@@ -89,8 +89,8 @@ def run_eval(
     rank 0 returns the results, the others None.
 
     `make_sampler(name)` builds one sampler (default: `front.registry.build`
-    with the model's shipped card; the CLI passes its `LoadedModel.sampler`). `progress(done, total, description)` is called
-    after every item. `on_record(record)` sees each new record after it is
+    with the model's shipped card; the CLI passes its `LoadedModel.sampler`). `progress` is called
+    after every item (`store.run_items` says with what). `on_record(record)` sees each new record after it is
     saved (tests use it to interrupt a run)."""
     named = make_sampler or default_sampler_factory(tokenizer, config)
     make_sampler = lambda label: named(split_label(label)[0])  # noqa: E731  (a run's label may carry @budget)

@@ -160,7 +160,7 @@ def open_store(out_dir, identity: dict, items: list, prompts: list[list[int]], r
     total = len(runs) * len(items)
     done = sum((name, seed, item.index) in store.records for name, seed in runs for item in items)
     if progress:
-        progress(done, total, "resuming" if done else "starting")
+        progress(done, total, "resuming" if done else "starting", 0, len(items))
     return store, total, done
 
 
@@ -224,23 +224,31 @@ def run_items(
         requests = [
             Request(prompt_of[item.index], item_seed(seed, item.index), budget_of(max_tokens, name)) for item in todo
         ]
+        run_done = len(items) - len(todo)
+        if progress:  # the run starts: its first answers take a batch's time
+            progress(done, total, run_label(name, seed), run_done, len(items))
         for i, result, seconds in rows(name, todo, requests, prefix):
             record = new_record(
                 name, seed, todo[i], prompt_of, fields(todo[i], prompt_of[todo[i].index], result, seconds)
             )
-            done += 1
-            keep(store, record, done, total, progress, on_record)
+            done, run_done = done + 1, run_done + 1
+            keep(store, record, (done, total, run_done, len(items)), progress, on_record)
     return store
 
 
-def keep(store: ResultStore, record: dict, done: int, total: int, progress, on_record) -> None:
-    """Save a new record, then report it (`run_items`' `progress` and `on_record`)."""
+def keep(store: ResultStore, record: dict, counts: tuple, progress, on_record) -> None:
+    """Save a new record, then report it (`run_items`' `progress` and `on_record`):
+    `counts` are (answers done, answers in all, the run's items done, its items)."""
     store.add(record)
     if progress:
-        name, seed = record["sampler"], record["seed"]
-        progress(done, total, f"{name} seed {seed}" if name != BASELINE else name)
+        done, total, run_done, run_items = counts
+        progress(done, total, run_label(record["sampler"], record["seed"]), run_done, run_items)
     if on_record:
         on_record(record)
+
+
+def run_label(name: str, seed: int) -> str:
+    return f"{name} seed {seed}" if name != BASELINE else name
 
 
 def run_items_sharded(
@@ -275,6 +283,9 @@ def run_items_sharded(
     chunk = max(16, 2 * batch_size) * w.size
     for name, seed in runs:
         todo = [item for item in items if (name, seed, item.index) not in finished]
+        run_done = len(items) - len(todo)
+        if progress and todo and w.root:
+            progress(done, total, run_label(name, seed), run_done, len(items))
         for start in range(0, len(todo), chunk):
             share = todo[start : start + chunk][w.rank :: w.size]
             requests = [
@@ -291,6 +302,6 @@ def run_items_sharded(
             if not w.root:
                 continue
             for record in sorted(gathered, key=lambda r: r["index"]):
-                done += 1
-                keep(store, record, done, total, progress, on_record)
+                done, run_done = done + 1, run_done + 1
+                keep(store, record, (done, total, run_done, len(items)), progress, on_record)
     return store

@@ -1,7 +1,8 @@
 """A card for a model that ships without one: measured on its first use.
 
 `ensure_card` finds the model's user card (cards.user_cards_dir(), named after
-the model's identity, model.loading.model_identity) or, on first use, measures
+the model's identity, model.loading.model_identity: a copy or a renamed file
+finds the card its bytes already have) or, on first use, measures
 the metrics on the calibration prompts (calibrate.PROMPTS, about 400 steps) and
 writes one there with the new-model settings (entropix_mlx/data/new_model.toml). `load` binds the card it returns to the model. A card
 that cannot be read, does not validate, or names another model is measured again.
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..distributed import all_gather_json, world
 from ..errors import ConfigError
 from ..model.loading import ModelSource, model_identity
-from ..sampling.cards import checked_user_cards_dir, shipped_card, user_card_name
+from ..sampling.cards import checked_user_cards_dir, shipped_card, user_card_path
 from ..sampling.config import SamplerConfig
 from ..sampling.deliberate_config import DeliberateConfig
 from ..sampling.settings import read_toml
@@ -61,7 +62,7 @@ def ensure_card(
     folder, why = checked_user_cards_dir()
     if why:
         return CardStatus(None, "none", f"no card for {source.name} (user cards folder refused: {why}); defaults run")
-    path = folder / user_card_name(source.name, identity)
+    path = user_card_path(folder, source.name, identity)
     problem = card_problem(path, identity) if path.exists() else None
     needed = problem is not None or not path.exists()
     w = world()

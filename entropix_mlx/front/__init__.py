@@ -2,4 +2,13 @@
 once) and the loaded model that builds samplers, prepares requests and decodes them."""
 
 from .loaded import Choice, LoadedModel, ModelCard, Prepared, choose
-from .registry import EVAL_SAMPLER_NAMES, SAMPLER_NAMES, SAMPLERS, SamplerSpec, build, deterministic, spec_of
+from .registry import (
+    EVAL_SAMPLER_NAMES,
+    SAMPLER_NAMES,
+    SAMPLERS,
+    SamplerSpec,
+    build,
+    deterministic,
+    seeded_strategies,
+    spec_of,
+)

@@ -137,6 +137,7 @@ class LoadedModel:
         reasoning: bool = False,
         json_schema=None,
         grammar: str | None = None,
+        path_choice: int = 0,
         **settings,
     ) -> Prepared:
         """The request for prompt `ids`: the chosen sampler with the card's settings
@@ -144,7 +145,9 @@ class LoadedModel:
         `k`), or a sampler already made; the answer kept within the context (None:
         all the context leaves); the penalties (presence, frequency, repetition)
         over the prompt too; with `json_schema`, answers held to it (SchemaError
-        for one the grammar engine cannot hold), or with `grammar` (llguidance's Lark)."""
+        for one the grammar engine cannot hold), or with `grammar` (llguidance's Lark).
+        `path_choice`: which of a request's n choices this is; a sampler that
+        chooses among its own paths (Entropix's branches) takes others after the first."""
         room = self.context - len(ids)
         if room <= 0:
             raise ContextOverflowError(
@@ -155,6 +158,9 @@ class LoadedModel:
             sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
         else:
             sampler, notes = choice, ()
+        if path_choice and hasattr(sampler, "pick_path"):
+            sampler.path_choice = path_choice
+            sampler.reset()
         limit = room if max_tokens is None else min(max_tokens, room)
         processor = make_penalties(**(penalties or {}), prompt=ids)
         if json_schema is not None or grammar is not None:

@@ -13,7 +13,7 @@ from ..decode.deliberate import Deliberator
 from ..decode.voting import Voter
 from ..errors import ConfigError
 from ..sampling.answers import chain_of_thought_answer, default_answer
-from ..sampling.config import SamplerConfig, resolve_config
+from ..sampling.config import CONFIDENCE_SELECTS, SamplerConfig, resolve_config
 from ..sampling.deliberate_config import COT_DECODING, FIRST_TOKEN_VOTE, STAGED, DeliberateConfig, resolve_deliberate
 from ..sampling.entropix import EntropixSampler
 from ..sampling.parameters import PARAMETERS
@@ -197,3 +197,26 @@ def deterministic(sampler) -> bool:
     if spec is not None and spec.deterministic:
         return True
     return getattr(sampler, "params", {}).get("temperature") == 0
+
+
+def seeded_strategies(sampler, vocabulary: int | None = None) -> tuple[str, ...]:
+    """The strategies this sampler can choose whose tokens the seed draws:
+    none for a deterministic one; a baseline's `sample`; Entropix's sampled ones
+    its config leaves a step (a branch by confidence takes the likeliest tokens,
+    argmax the best: neither draws)."""
+    if deterministic(sampler):
+        return ()
+    config = getattr(sampler, "config", None)
+    if not isinstance(config, SamplerConfig):
+        return ("sample",)
+    drawn = ("think", "resample", "adaptive") + (() if config.branch_select in CONFIDENCE_SELECTS else ("branch",))
+    return tuple(s for s in sampler_legend(sampler, vocabulary) if s in drawn)
+
+
+def same_for_every_seed(sampler, strategies) -> bool:
+    """Whether an answer whose tokens took `strategies` is the one every seed
+    gives: the sampler never samples, or no token was drawn. (Entropix decides
+    each step from the model's metrics; a seed only draws the tokens of its
+    sampled strategies, so an answer without them is every seed's.)"""
+    seeded = set(seeded_strategies(sampler))
+    return not seeded.intersection(strategies)

@@ -3,10 +3,12 @@ this machine runs them, and the tokenizer) kept in the user's cache, so that
 later starts read it instead of converting the file again (dequantizing,
 repacking, building the tokenizer from its vocabulary).
 
-An entry is keyed by the file's identity (files.model_files_identity), the
-weight format and the loader: the source of the modules that build a model
+An entry is keyed by the file's content (its hash, files.model_files_identity),
+the weight format and the loader: the source of the modules that build a model
 from a file and the versions of the libraries they use, so a changed file or
-another loader makes a new entry, never a stale one. Entries live in
+another loader makes a new entry, never a stale one, and a copy or a renamed
+file reads the entry its bytes already have. An entry is named after the file
+that wrote it, for the listing; its key ends the name. Entries live in
 `loaded/` of the user cache folder ($ENTROPIX_LOAD_CACHE_DIR elsewhere) under
 the cards' rule (a folder only this user can write; otherwise nothing is read or
 written there), and each is written to a `.partial` folder and renamed into
@@ -63,9 +65,16 @@ def loader_key() -> str:
 
 
 def entry_paths(path: Path) -> dict[str, Path]:
-    """The entry of each weight format for this file (its identity read once for both)."""
-    base = f"{Path(path).stem[:60]}-{model_files_identity(path)[:16]}"
-    return {fmt: cache_root() / f"{base}-{fmt}-{loader_key()}" for fmt in ("float32", "native")}
+    """The entry of each weight format for this file's content (its hash read
+    once for both): the complete one under any file's name, else a new one
+    named after this file."""
+    key, root = model_files_identity(path)[:16], cache_root()
+    out = {}
+    for fmt in ("float32", "native"):
+        suffix = f"-{key}-{fmt}-{loader_key()}"
+        found = [e for e in sorted(root.glob(f"*{suffix}")) if all((e / f).is_file() for f in ENTRY_FILES)]
+        out[fmt] = found[0] if found else root / f"{Path(path).stem[:60]}{suffix}"
+    return out
 
 
 def float32_bytes(entries: dict[str, Path]) -> int | None:

@@ -53,6 +53,20 @@ def bundled_path(alias: str = DEFAULT_MODEL) -> Path:
     )
 
 
+def bundled_copy(path: Path) -> str | None:
+    """The alias of the bundled model whose bytes `path` holds (a copy or a
+    renamed file is that model: its card, its name), or None."""
+    size = path.stat().st_size
+    for alias in BUNDLED:
+        try:
+            own = bundled_path(alias)
+        except ModelLoadError:
+            continue
+        if own.stat().st_size == size and model_files_identity(own) == model_files_identity(path):
+            return alias
+    return None
+
+
 def resolve(ref: str | None) -> ModelSource:
     """Where a model reference points, without loading anything."""
     ref = ref or DEFAULT_MODEL
@@ -68,7 +82,7 @@ def resolve(ref: str | None) -> ModelSource:
             )
         return ModelSource(ref, path.parent, "directory", path.parent.name)
     if path.is_file():
-        return ModelSource(ref, path, "gguf", path.stem)
+        return ModelSource(ref, path, "gguf", bundled_copy(path) or path.stem)
     if path.is_dir():
         return ModelSource(ref, path, "directory", path.name)
     # owner/name, unless "owner" is a folder here: then it was meant as a local path.
@@ -95,7 +109,7 @@ def load(ref: str | None = None, return_source: bool = False, weights: str = "au
     (the CPU fast path), "auto" chooses per device and size (accel/weights.py).
     `cache`: a GGUF file's loaded form is kept in the user's cache and read
     from there on later loads (load_cache.py); False reads the file itself.
-    `kept(entry, nbytes)` hears of each entry written now (it takes disk space)."""
+    `kept(entry, nbytes, file_bytes, fmt)` hears of each entry written now (it takes disk space)."""
     check_weights(weights)
     source = resolve(ref)
     if source.kind in ("bundled", "gguf"):
@@ -182,7 +196,7 @@ def load_gguf(path: Path, model_class=None, args_class=None, native: bool = True
 def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int, kept=None):
     """`load_gguf` in format `fmt`, through the load cache: read from `entry`
     when it holds this file, else loaded and kept there for next time
-    (`kept(entry, bytes)` is told)."""
+    (`kept(entry, its bytes, the file's bytes, fmt)` is told)."""
     loaded = load_cache.read_entry(entry, build_model)
     if loaded is not None:
         return loaded
@@ -193,7 +207,7 @@ def load_gguf_cached(path: Path, fmt: str, entry: Path, float32_bytes: int, kept
         to_float32(model)
     written = not load_cache.write_entry(entry, model, tokenizer, g.config, g.rope_freqs, float32_bytes)
     if written and kept is not None:
-        kept(entry, sum(f.stat().st_size for f in entry.iterdir()))
+        kept(entry, sum(f.stat().st_size for f in entry.iterdir()), path.stat().st_size, fmt)
     return model, tokenizer
 
 

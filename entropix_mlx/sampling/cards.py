@@ -71,3 +71,11 @@ def user_card_name(model_name: str, identity: str) -> str:
     """The file name of a model's user card: its name, made safe, and a hash of its identity."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-.") or "model"
     return f"{slug[:60]}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.toml"
+
+
+def user_card_path(folder: Path, model_name: str, identity: str) -> Path:
+    """The model's user card in `folder`: the one measured on the same files
+    under any name (a copy, a renamed file), else one named after `model_name`."""
+    name = user_card_name(model_name, identity)
+    found = sorted(folder.glob(f"*-{name.rsplit('-', 1)[1]}")) if folder.is_dir() else []
+    return found[0] if found else folder / name

@@ -94,6 +94,7 @@ class EntropixSampler(TwoPhaseSampler):
     def __init__(self, config: SamplerConfig | None = None, tokenizer=None, source: str = "preset reference"):
         self.config = config or SamplerConfig()
         self.config_source = source  # where the thresholds came from, for the CLI to print
+        self.path_choice = 0  # which of a request's n choices it answers (`pick_path`)
         self.thinking_tokens: list[int] = []
         self.eos_tokens: list[int] = []
         self._compiled = None
@@ -105,6 +106,18 @@ class EntropixSampler(TwoPhaseSampler):
     def reset(self):
         self.insertions = 0
         self._just_inserted = False
+        self._choice_left = self.path_choice
+
+    def pick_path(self, ranked: list[int]) -> int:
+        """The branch path to accept among `ranked` (best first): the best, but
+        for choice i > 0 of a request's n, the paths whose ranks write i in mixed
+        radix over its first branch steps (each step's paths its base). Branching
+        by confidence draws nothing, so the seed alone would give n equal
+        choices; these differ from the first branch step on."""
+        if self._choice_left and len(ranked) > 1:
+            digit, self._choice_left = self._choice_left % len(ranked), self._choice_left // len(ranked)
+            return ranked[digit]
+        return ranked[0]
 
     # -- the one graph per step -------------------------------------------------
 

@@ -17,7 +17,8 @@ from .samplers import Step
 
 def branch(sampler, step: Step, cands: list[tuple[int, float]]):
     """Roll every candidate out greedily, all rows in one batch over the
-    step's cache (shared, not copied); accept the best path (`best_path`).
+    step's cache (shared, not copied); accept the best path (`ranked_paths`),
+    or the one the sampler's choice of a request's n takes (`pick_path`).
 
     The rollout's last forward pass runs for the winner only, on the step's
     own cache (after the winner's earlier rollout keys are appended to it):
@@ -51,7 +52,7 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
         if confidence and eos and all(ended):
             break
         if n > 1 and len(path) >= decide:  # decided: the other rows stop here
-            best = _rank_rows(sampler, path, path_lps, margins, step.tokens)[0]
+            best = sampler.pick_path(_rank_rows(sampler, path, path_lps, margins, step.tokens)[0])
             path, path_lps, margins, spread = (
                 [a[best : best + 1] for a in arrays] for arrays in (path, path_lps, margins, spread)
             )
@@ -85,7 +86,8 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
             ended = [e or t in eos for e, t in zip(ended, chosen, strict=False)]
             for row, t in zip(said, chosen, strict=False):
                 row.append(t)
-    best, paths, lps, path, spreads = _rank_rows(sampler, path, path_lps, margins, step.tokens, spread)
+    ranked, paths, lps, path, spreads = _rank_rows(sampler, path, path_lps, margins, step.tokens, spread)
+    best = sampler.pick_path(ranked)
     later = [{"entropy": h, "varentropy": v} for h, v in spreads[best]]
     # The rollout continued greedily, unscored: accept it only up to its first token
     # with repetition units (at least its first token), so a looping continuation is
@@ -112,16 +114,16 @@ def branch(sampler, step: Step, cands: list[tuple[int, float]]):
 
 def _rank_rows(sampler, path: list, path_lps: list, margins: list, history: list[int], spread: list = ()):
     """The rollout so far (per position, one (rows,) array each) stacked to
-    (rows, positions) and evaluated in one host sync: (the row `best_path`
-    accepts, the paths, their log-probabilities, the paths as one array, and
-    each row's (entropy, varentropy) per position after the first)."""
+    (rows, positions) and evaluated in one host sync: (the rows, best first
+    (`ranked_paths`), the paths, their log-probabilities, the paths as one
+    array, and each row's (entropy, varentropy) per position after the first)."""
     rows = path[0].shape[0]
     path, path_lps = mx.stack(path, axis=1), mx.stack(path_lps, axis=1)
     margins = mx.stack(margins, axis=1) if margins else mx.zeros((rows, 0))
     spread = mx.stack(spread, axis=1) if spread else mx.zeros((rows, 0, 2))
     mx.eval(path, path_lps, margins, spread)
     paths, lps = path.tolist(), path_lps.tolist()
-    return best_path(sampler, paths, lps, margins.tolist(), history), paths, lps, path, spread.tolist()
+    return ranked_paths(sampler, paths, lps, margins.tolist(), history), paths, lps, path, spread.tolist()
 
 
 def _rows_bias(sampler, histories: list[list[int]], vocab: int) -> mx.array:
@@ -137,7 +139,14 @@ def _rows_bias(sampler, histories: list[list[int]], vocab: int) -> mx.array:
 def best_path(
     sampler, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]], history: list[int]
 ) -> int:
-    """The index of the path to accept. "logprob": the best `path_score`.
+    """The index of the path to accept (`ranked_paths`' first)."""
+    return ranked_paths(sampler, paths, lps, margins, history)[0]
+
+
+def ranked_paths(
+    sampler, paths: list[list[int]], lps: list[list[float]], margins: list[list[float]], history: list[int]
+) -> list[int]:
+    """The paths' indices, the one to accept first (ties: the earlier path). "logprob": the best `path_score`.
     "confidence": the fewest repetition units, then the highest mean
     top-1 - top-2 margin after the candidate (up to and including an end
     of turn: what follows it is never said); the first path (the most
@@ -145,7 +154,7 @@ def best_path(
     "confidence", the candidate's probability counted as the first margin."""
     c = sampler.config
     if c.branch_select == "logprob":
-        return max(range(len(paths)), key=lambda i: sampler.path_score(paths[i], lps[i], history))
+        return sorted(range(len(paths)), key=lambda i: sampler.path_score(paths[i], lps[i], history), reverse=True)
 
     # where each path ends its turn (its last token when it does not)
     ends = [next((j for j, t in enumerate(p) if t in sampler.eos_tokens), len(p) - 1) for p in paths]
@@ -163,6 +172,8 @@ def best_path(
             return 0
         return path_repeats(history, paths[i][: ends[i] + 1], c.repetition_ngram, c.loops_only)
 
-    return max(
-        range(len(paths)), key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0))
+    return sorted(
+        range(len(paths)),
+        key=lambda i: (-repeats(i), confidence(i) + (c.branch_keep_margin if i == 0 else 0.0)),
+        reverse=True,
     )

@@ -25,14 +25,14 @@ from starlette.staticfiles import StaticFiles
 
 from ..decode.tools import call_grammar, marker_tokens
 from ..errors import ConfigError, ContextOverflowError
-from ..front import SAMPLER_NAMES, choose
+from ..front import SAMPLER_NAMES, choose, deterministic, seeded_strategies
 from ..sampling.config import THRESHOLDS, resolve_config
 from ..sampling.constraint import SchemaError
 from .engine import Engine, Job, random_seed
 from .responses import Answer
 from .schema import APIError, config_error, in_schema, parse
 from .strategies import page_info
-from .transport import MAX_BODY, error_response, read_body, relay, sse
+from .transport import MAX_BODY, error_response, read_body, relay, sse, whole_response
 
 STATIC = resources.files("entropix_mlx.server") / "static"
 
@@ -100,6 +100,7 @@ class Server:
                         reasoning=reasoning,
                         json_schema=p.json_schema,
                         grammar=grammar,
+                        path_choice=i,
                     )
                     for i in range(rows)
                 ]
@@ -111,6 +112,8 @@ class Server:
                 raise APIError(400, str(e), where, code="unsupported_schema") from None
             except ConfigError as e:
                 raise config_error(str(e), p.overrides) from None
+        if rows > 1 and deterministic(prepared[0].sampler):
+            warnings.append(f"the {choice.name} sampler never samples: its {rows} choices are the same answer")
         if prepared[0].clamped:
             warnings.append(
                 f"max_tokens {p.max_tokens} clamped to {prepared[0].room}: the prompt's {len(ids)} tokens "
@@ -160,10 +163,11 @@ class Server:
             return error_response(e)
         kind = "chat" if chat else "completion"
         answers = [Answer(kind, self.engine.name, job.seed, warnings, index=i) for i, job in enumerate(jobs)]
-        for answer in answers:
+        for answer, job in zip(answers, jobs, strict=True):
             answer.structured = p.json_schema is not None
             answer.tools = tuple(t["function"]["name"] for t in p.tools or ())
             answer.no_calls = p.no_calls
+            answer.seeded = seeded_strategies(job.sampler, self.engine.loaded.model.args.vocab_size)
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}
         if p.stream:
@@ -181,7 +185,7 @@ class Server:
                 job.cancelled = True  # the job is over; if the client left, this stops it
         if any(a.finish_reason is None for a in answers):  # the client disconnected; nobody reads this
             return JSONResponse({}, status_code=499)
-        return JSONResponse(answers[0].whole(p.logprobs, answers[1:]), headers=headers)
+        return whole_response(answers[0].whole(p.logprobs, answers[1:]))
 
     async def _next(self, request: Request | None, events: asyncio.Queue):
         """The workers' next (choice, event); None when the client has gone

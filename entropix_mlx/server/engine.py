@@ -225,7 +225,9 @@ def job_recipe(job: Job) -> dict | None:
     if job.recipe is None:
         return None
     fields = ("ids", "max_tokens", "seed", "logprobs", "top_logprobs", "stop", "shared_prefill")
-    return {**job.recipe, **{name: getattr(job, name) for name in fields}}
+    # which of the request's choices (Entropix takes other branch paths after the first)
+    choice = {"path_choice": getattr(job.sampler, "path_choice", 0)}
+    return {**job.recipe, **{name: getattr(job, name) for name in fields}, **choice}
 
 
 def random_seed() -> int:

@@ -63,6 +63,7 @@ def rebuild(engine: Engine, recipe: dict) -> Job:
         reasoning=recipe.get("reasoning", False),
         json_schema=recipe.get("json_schema"),
         grammar=recipe.get("grammar"),
+        path_choice=recipe.get("path_choice", 0),
     )
     return Job(
         recipe["ids"],

@@ -29,6 +29,21 @@ def chat_logprob(tokenizer, event, top) -> dict:
     return entry
 
 
+def same_choices(answers: list) -> list[str]:
+    """A warning for each choice that gave an earlier choice's answer, where
+    the sampler samples (one that never does was warned of with the request)."""
+    if not answers[0].seeded:
+        return []
+    out, first = [], {}
+    for a in answers:
+        if a.text in first:
+            out.append(
+                f"choice {a.index} gave choice {first[a.text]}'s answer: no token drawn or branch taken set them apart"
+            )
+        first.setdefault(a.text, a.index)
+    return out
+
+
 class Answer:
     """What a request has produced so far, in both the streamed and the whole
     form: text, token records, logprobs, usage."""
@@ -46,7 +61,13 @@ class Answer:
         self.confidence = None  # how likely the answer is right (LoadedModel.confidence), at its end
         self.tools = ()  # the names of the tools it was told of: its calls are read from the answer
         self.no_calls = False  # tool_choice "none": call markup written anyway is dropped, never a call
+        self.seeded = ()  # the strategies whose tokens the seed draws (registry.seeded_strategies)
         self._streamed = 0  # characters of `text` streamed as content (tools: never a call's)
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether every seed gives this answer: no token of it was drawn."""
+        return not any(r.get("strategy") in self.seeded for r in self.records)
 
     @property
     def usage(self) -> dict:
@@ -164,6 +185,7 @@ class Answer:
             }
         ]
         out["seed"], out["warnings"] = self.seed, self.warnings
+        out["deterministic"] = not self.seeded  # the sampler never samples (the answer's own fact: in whole ones)
         return out
 
     def usage_chunk(self) -> dict:
@@ -182,7 +204,8 @@ class Answer:
         usage = self.usage
         usage["completion_tokens"] = sum(a.completion_tokens for a in answers)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        out["usage"], out["seed"], out["warnings"] = usage, self.seed, self.warnings
+        out["usage"], out["seed"], out["warnings"] = usage, self.seed, self.warnings + same_choices(answers)
+        out["deterministic"] = all(a.deterministic for a in answers)
         return out
 
     def candidates(self, deliberation: dict, tokenizer, n: int) -> list["Answer"]:

@@ -32,6 +32,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def whole_response(body: dict) -> JSONResponse:
+    """A whole answer, its warnings also in the X-Entropix-Warning header."""
+    headers = {"X-Entropix-Warning": " ".join(body["warnings"])} if body["warnings"] else {}
+    return JSONResponse(body, headers=headers)
+
+
 def relay(jobs: list, submitted: list) -> asyncio.Queue:
     """One queue of (choice index, event) for the events of all a request's jobs."""
     merged: asyncio.Queue = asyncio.Queue()
