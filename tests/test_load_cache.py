@@ -165,9 +165,8 @@ def test_a_folder_others_can_write_is_never_used(tmp_path, cache_dir):
 
 
 def test_the_cache_command_lists_and_removes_and_run_can_skip_it(tmp_path, cache_dir):
-    from test_cli_run import invoke
-
     from entropix_mlx.cli.cache_cmd import size_text
+    from test_cli_run import invoke
 
     path = gguf_file(tmp_path, family="llama")
     code, _, err = invoke("run", "hi", "-m", path, "--sampler", "greedy", "--max-tokens", "2", "--no-cache")

@@ -213,14 +213,8 @@ class Server:
                 answer.logprobs.append(entry)
             return text, [rec], [entry] if entry is not None else None
         if kind == "end":
-            _, finish, tail, summary = event
-            answer.text += tail
-            answer.finish_reason = finish if finish != "cancelled" else "stop"
-            answer.confidence = self.engine.loaded.confidence(answer.records, answer.finish_reason)
-            deliberation = getattr(summary, "deliberation", None)
-            if deliberation is not None:  # why deliberate chose: what `run` prints under the answer
-                answer.deliberation = {k: deliberation[k] for k in ("chosen", "reason", "table")}
-            return tail, [], None
+            answer.end(*event[1:], self.engine.loaded)
+            return event[2], [], None
         raise APIError(500, event[1], None, type="server_error", code="generation_failed")
 
     def _candidates(self, answers: list, event, n: int) -> None:

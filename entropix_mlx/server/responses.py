@@ -152,6 +152,16 @@ class Answer:
             choice["entropix_confidence"] = self.confidence
         return choice
 
+    def end(self, finish: str, tail: str, summary, loaded) -> None:
+        """The answer's last text and its finish, how likely it is right and, for
+        deliberate, why it chose (what `run` prints under the answer)."""
+        self.text += tail
+        self.finish_reason = finish if finish != "cancelled" else "stop"
+        self.confidence = loaded.confidence(self.records, self.finish_reason)
+        deliberation = getattr(summary, "deliberation", None)
+        if deliberation is not None:
+            self.deliberation = {k: deliberation[k] for k in ("chosen", "reason", "table")}
+
     def fields(self) -> list[dict]:
         """Each complete value of the JSON answer with its tokens and confidence (decode/fields.py)."""
         return json_fields([r["text"] for r in self.records], [r["logprob"] for r in self.records])
