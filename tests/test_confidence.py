@@ -122,3 +122,29 @@ def test_chat_shows_the_confidence_after_each_answer(tiny_ref):
     code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "4", input="hi\nagain\n")
     assert code == 0
     assert (out + err).count("confidence uncalibrated") == 2
+
+
+@pytest.mark.slow  # a real HTTP server (uvicorn on a port)
+def test_the_server_gives_each_choice_its_confidence_from_its_own_records(tmp_path):
+    from serving import app_on_a_port, request
+
+    from entropix_mlx.server import Engine, PrefixCache
+
+    def post(port, body):
+        raw = json.dumps(body).encode()
+        status, data = request(port, "POST", "/v1/chat/completions", raw, {"Content-Type": "application/json"})
+        assert status == 200, data
+        return json.loads(data)["choices"][0]
+
+    body = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 6, "sampler": "greedy"}
+    card = card_with(tmp_path, TABLE)
+    loaded = make_loaded(make_tiny_model(), make_tiny_tokenizer(), tmp_path / "tiny.gguf", card=card)
+    with app_on_a_port(Engine(loaded, PrefixCache(4, 4096))) as port:
+        choice = post(port, body)
+    lp = np.array([r["logprob"] for r in choice["entropix"]])
+    h = np.array([r["entropy"] for r in choice["entropix"]])
+    z = -0.3 + 1.5 * (lp.mean() + 0.5) / 0.25 - 0.8 * (h.max() - 2.0)
+    assert choice["entropix_confidence"]["confidence"] == pytest.approx(1 / (1 + math.exp(-z)), abs=1e-4)
+    plain = make_loaded(make_tiny_model(), make_tiny_tokenizer(), tmp_path / "plain.gguf")
+    with app_on_a_port(Engine(plain, PrefixCache(4, 4096))) as port:
+        assert post(port, body)["entropix_confidence"] == {"confidence": None, "verdict": "uncalibrated"}
