@@ -2,7 +2,7 @@
 (docs/confidence.md has the selection rule): every candidate's out-of-fold AUROC, ECE,
 Brier score and accuracy at half coverage, on repeated stratified folds.
 
-    python -m research.confidence_fit docs/records/signals_q05 [--json OUT]
+    python -m research.confidence_fit docs/records/signals_q05 MODEL.gguf RECORD_FOLDERS... [--json OUT]
 """
 
 import argparse
@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from entropix_mlx.sampling.confidence import FEATURES, answer_end, chain_features
 
 POSITIONS = ("last", "answer", "mean")
 COMPONENTS = 32
@@ -28,47 +30,31 @@ def read_signals(folder: Path) -> dict[int, dict]:
     return items
 
 
-def window_min(x: np.ndarray, width: int) -> float:
-    if len(x) <= width:
-        return float(x.mean())
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    return float(((c[width:] - c[:-width]) / width).min())
+def pieces_of(folders: list[Path], tokenizer) -> dict[int, list[str]]:
+    """Each greedy chain's token texts, from its records (the runtime reads its answer's end from them)."""
+    from .chain_signals import greedy_records
+
+    return {r["index"]: [tokenizer.decode([t[0][0]]) for t in r["top"]] for r in greedy_records(folders)}
 
 
-def token_features(item: dict) -> list[float]:
-    lp = item["logprob"].astype(np.float64)
-    h = item["entropy"].astype(np.float64)
-    v = item["varentropy"].astype(np.float64)
-    m = item["margin"].astype(np.float64)
-    end = int(item["answer_end"])
-    span = slice(max(0, end - 2), end + 1)
-    return [
-        np.log(len(lp)),
-        float(item["meta"]["finish"] == "length"),
-        lp.mean(),
-        lp.min(),
-        h.mean(),
-        np.quantile(h, 0.9),
-        h.max(),
-        v.mean(),
-        v.max(),
-        (h > 1).mean(),
-        (lp < -1).mean(),
-        window_min(lp, 16),
-        lp[-32:].mean(),
-        h[-32:].mean(),
-        lp[span].min(),
-        h[span].max(),
-        m[span].min(),
-    ]
+def token_features(item: dict, pieces: list[str], margin: bool) -> list[float]:
+    """The product's features of the chain (sampling/confidence.py), and with `margin`
+    the answer span's top-2 margin, which the product does not see at run time."""
+    end = answer_end(pieces)
+    f = chain_features(item["logprob"], item["entropy"], item["varentropy"], end, item["meta"]["finish"] == "length")
+    values = [f[name] for name in FEATURES]
+    if margin:
+        values.append(float(item["margin"][max(0, end - 2) : end + 1].astype(np.float64).min()))
+    return values
 
 
-def candidates(items: dict) -> dict[str, tuple[np.ndarray, bool]]:
-    """name -> (inputs, whether the last block is a hidden state to reduce)."""
+def candidates(items: dict, pieces: dict) -> dict[str, tuple[np.ndarray, int]]:
+    """name -> (inputs, the width of the hidden state at their end, to reduce)."""
     order = sorted(items)
-    tokens = np.array([token_features(items[i]) for i in order])
+    runtime = np.array([token_features(items[i], pieces[i], False) for i in order])
+    tokens = np.array([token_features(items[i], pieces[i], True) for i in order])
     layers = sorted({int(k.split("_")[1]) for k in items[order[0]] if k.startswith("last_")})
-    out = {"tokens": (tokens, 0)}
+    out = {"tokens": (tokens, 0), "tokens (run time)": (runtime, 0)}
     for pos in POSITIONS:
         for layer in layers:
             hidden = np.array([items[i][f"{pos}_{layer}"].astype(np.float32) for i in order])
@@ -148,17 +134,65 @@ def evaluate(X, y, hidden_width) -> dict:
     }
 
 
+def sure_threshold(p: np.ndarray, y: np.ndarray, risk: float = 0.15, least: float = 0.1) -> tuple[float, float, float]:
+    """(threshold, error rate at or above it, share there): the lowest threshold whose
+    answers above it are wrong at most `risk` of the time, over at least `least` of them
+    (else the one with the fewest errors)."""
+    best = None
+    for t in sorted(set(np.round(p, 4))):
+        sure = p >= t
+        if sure.mean() < least:
+            break
+        error = 1 - y[sure].mean()
+        if error <= risk:
+            return float(t), float(error), float(sure.mean())
+        if best is None or error < best[1]:
+            best = (float(t), float(error), float(sure.mean()))
+    return best
+
+
+def fitted_table(X: np.ndarray, y: np.ndarray, fitted_on: str) -> dict:
+    """The product's `[confidence]` table: a logistic fit on all items, its threshold
+    from out-of-fold predictions of the same fit."""
+    import datetime
+
+    from sklearn.linear_model import LogisticRegressionCV
+
+    p = out_of_fold(X, y, 0, seed=0)
+    threshold, error, share = sure_threshold(p, y)
+    mean, scale = X.mean(axis=0), X.std(axis=0) + 1e-9
+    fit = LogisticRegressionCV(Cs=8, cv=4, max_iter=2000).fit((X - mean) / scale, y)
+    return {
+        "features": list(FEATURES),
+        "mean": [round(float(x), 6) for x in mean],
+        "scale": [round(float(x), 6) for x in scale],
+        "weights": [round(float(x), 6) for x in fit.coef_[0]],
+        "bias": round(float(fit.intercept_[0]), 6),
+        "threshold": threshold,
+        "fitted_on": fitted_on,
+        "date": datetime.date.today().isoformat(),
+        "sure_error": round(error, 4),
+        "sure_share": round(share, 4),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
+    parser.add_argument("model", help="the model whose chains they are (for its tokenizer)")
+    parser.add_argument("records", type=Path, nargs="+", help="the eval folders of the chains")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", help="comma-separated candidate names")
+    parser.add_argument("--table", type=Path, help="write the run-time features' fitted [confidence] table here (TOML)")
     args = parser.parse_args()
+    import entropix_mlx
+
     items = read_signals(args.folder)
+    pieces = pieces_of(args.records, entropix_mlx.load_model(args.model).tokenizer)
     y = np.array([items[i]["meta"]["correct"] for i in sorted(items)], dtype=int)
     print(f"{len(y)} items, {y.mean():.1%} right")
     results = {}
-    for name, (X, width) in candidates(items).items():
+    for name, (X, width) in candidates(items, pieces).items():
         if args.only and name not in args.only.split(","):
             continue
         results[name] = evaluate(X, y, width)
@@ -167,6 +201,11 @@ def main() -> int:
             f"{name:28s} AUROC {r['auroc']:.3f} ±{r['auroc_sd']:.3f}  ECE {r['ece']:.3f}  Brier {r['brier']:.3f}  acc@50% {r['acc_at_50']:.3f}",
             flush=True,
         )
+    if args.table:
+        X = candidates(items, pieces)["tokens (run time)"][0]
+        table = fitted_table(X, y, f"{len(y)} greedy chains of thought, GSM8K train, {args.folder.name}")
+        lines = ["[confidence]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+        args.table.write_text("\n".join(lines) + "\n")
     if args.json:
         args.json.write_text(
             json.dumps({"items": len(y), "right": int(y.sum()), "candidates": results}, indent=1) + "\n"

@@ -95,6 +95,8 @@ class AnswerConfidence:
     threshold: float  # below it an answer is flagged as unsure
     fitted_on: str = ""
     date: str = ""
+    sure_error: float | None = None  # on the fitting items, out of fold: the error rate at or above threshold
+    sure_share: float | None = None  # and the share of answers there
 
     def probability(self, values: dict[str, float]) -> float:
         z = self.bias + sum(
@@ -122,6 +124,8 @@ class AnswerConfidence:
             float(table["threshold"]),
             table.get("fitted_on", ""),
             table.get("date", ""),
+            table.get("sure_error"),
+            table.get("sure_share"),
         )
 
     def to_table(self) -> dict:
@@ -134,4 +138,4 @@ class AnswerConfidence:
             "threshold": self.threshold,
             "fitted_on": self.fitted_on,
             "date": self.date,
-        }
+        } | ({"sure_error": self.sure_error, "sure_share": self.sure_share} if self.sure_error is not None else {})
