@@ -37,6 +37,23 @@ def pieces_of(folders: list[Path], tokenizer) -> dict[int, list[str]]:
     return {r["index"]: [tokenizer.decode([t[0][0]]) for t in r["top"]] for r in greedy_records(folders)}
 
 
+def cached_pieces(path: Path, folders: list[Path], model: str, needed) -> dict[int, list[str]]:
+    """`pieces_of`, kept beside the signals (loading a model only for its tokenizer is slow)."""
+    import gzip
+
+    if path.exists():
+        with gzip.open(path, "rt") as f:
+            pieces = {int(k): v for k, v in json.load(f).items()}
+        if set(needed) <= set(pieces):
+            return pieces
+    import entropix_mlx
+
+    pieces = pieces_of(folders, entropix_mlx.load_model(model).tokenizer)
+    with gzip.open(path, "wt") as f:
+        json.dump(pieces, f)
+    return pieces
+
+
 def token_features(item: dict, pieces: list[str], margin: bool) -> list[float]:
     """The product's features of the chain (sampling/confidence.py), and with `margin`
     the answer span's top-2 margin, which the product does not see at run time."""
@@ -185,10 +202,8 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated candidate names")
     parser.add_argument("--table", type=Path, help="write the run-time features' fitted [confidence] table here (TOML)")
     args = parser.parse_args()
-    import entropix_mlx
-
     items = read_signals(args.folder)
-    pieces = pieces_of(args.records, entropix_mlx.load_model(args.model).tokenizer)
+    pieces = cached_pieces(args.folder / "pieces.json.gz", args.records, args.model, items)
     y = np.array([items[i]["meta"]["correct"] for i in sorted(items)], dtype=int)
     print(f"{len(y)} items, {y.mean():.1%} right")
     results = {}
