@@ -17,7 +17,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.front import SAMPLER_NAMES, choose
+from entropix_mlx.front import DEFAULT_SAMPLER, SAMPLER_NAMES, choose
 from entropix_mlx.front.registry import sampler_legend
 
 from . import render
@@ -316,7 +316,7 @@ class ChatSession:
 def chat(
     ctx: typer.Context,
     model: ModelOpt = None,
-    sampler: SamplerOpt = "entropix",
+    sampler: SamplerOpt = DEFAULT_SAMPLER,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,

@@ -13,7 +13,7 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.front.registry import EVAL_SAMPLER_NAMES, names_where, spec_of
+from entropix_mlx.front.registry import BASELINE, DEFAULT_SAMPLER, EVAL_SAMPLER_NAMES, names_where, spec_of
 from entropix_mlx.model.loading import resolve
 from entropix_mlx.sampling.config import SamplerConfig, resolve_config
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
@@ -43,7 +43,7 @@ DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not importe
 DEFAULT_MAX_TOKENS = 32
 COT_MAX_TOKENS = 768
 DEFAULT_BATCH_SIZE = 8
-DEFAULT_SAMPLERS = "greedy,entropix"
+DEFAULT_SAMPLERS = f"{BASELINE},{DEFAULT_SAMPLER}"
 
 
 def _samplers(value: str) -> list[str]:

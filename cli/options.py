@@ -9,6 +9,7 @@ import typer
 
 from entropix_mlx.accel.weights import WEIGHT_FORMATS
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS  # run's and chat's, the library's
 from entropix_mlx.front.registry import SAMPLER_NAMES, spec_of
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
 from entropix_mlx.sampling.config import PRESETS, SamplerConfig, resolve_config
@@ -16,7 +17,6 @@ from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_de
 from entropix_mlx.sampling.parameters import PARAMETERS
 
 DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
-DEFAULT_MAX_TOKENS = 256
 
 
 def _check_weights(value: str) -> str:

@@ -11,12 +11,14 @@ from ..model.cache import KVCache, visible_columns
 from ..sampling.penalties import Penalties
 from ..sampling.samplers import Choice, Sampler, Step
 
+DEFAULT_MAX_TOKENS = 256  # an answer's length when a caller names none
+
 
 @dataclass
 class Request:
     prompt: list[int]  # token ids, chat template applied
     seed: int = 0  # the row's key chain starts at mx.random.key(seed), as in `generate`
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     penalties: Penalties | None = None  # applied to the logits before the sampler sees them
 
 

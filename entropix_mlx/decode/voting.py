@@ -12,7 +12,7 @@ from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.selection import vote
 from ..sampling.voting import SampleSpawner, VoteConfig
 from .engine import by_request, forking_batch
-from .rows import Request, RowResult
+from .rows import DEFAULT_MAX_TOKENS, Request, RowResult
 
 
 def mean(values: list) -> float:
@@ -84,7 +84,9 @@ class Voter:
         self.name, self.config = name, config
         self.config_source = f"{name} settings: {source}"
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None):
+    def generate(
+        self, model, tokenizer, prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
+    ):
         # Its answer is known only once all k are in; `eval` is where it is compared.
         raise ConfigError(f"{self.name} is an eval baseline: it answers task files in eval, not one prompt")
 

@@ -1,5 +1,15 @@
 """The front door every caller uses: the sampler registry (each sampler described
 once) and the loaded model that builds samplers, prepares requests and decodes them."""
 
+from ..decode.rows import DEFAULT_MAX_TOKENS
 from .loaded import Choice, LoadedModel, ModelCard, Prepared, choose
-from .registry import EVAL_SAMPLER_NAMES, SAMPLER_NAMES, SAMPLERS, SamplerSpec, build, deterministic, spec_of
+from .registry import (
+    DEFAULT_SAMPLER,
+    EVAL_SAMPLER_NAMES,
+    SAMPLER_NAMES,
+    SAMPLERS,
+    SamplerSpec,
+    build,
+    deterministic,
+    spec_of,
+)

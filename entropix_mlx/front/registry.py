@@ -133,6 +133,8 @@ SAMPLERS = {
 }
 # What every other sampler is compared with, item by item (it runs once: it never samples).
 BASELINE = "greedy"
+# What answers when a caller names no sampler: run, chat, the server and the Python API.
+DEFAULT_SAMPLER = "entropix"
 # The names run, chat and serve take (every eval preset that can answer one prompt); eval takes every name.
 SAMPLER_NAMES = tuple(n for n, s in SAMPLERS.items() if s.everywhere)
 EVAL_SAMPLER_NAMES = tuple(SAMPLERS)
