@@ -107,7 +107,7 @@ class ChatSession:
         o = self.sampler_options
         choice = choose(choice, o["params"]) if isinstance(choice, str) else choice
         settings = {"budget": o["budget"]} if choice.spec.budget else {}
-        reasoning = o["reasoning"] and choice.spec.reasoning
+        reasoning = choice.reasons(o["reasoning"])
         return self.loaded.sampler(choice.name, o["config"], reasoning, **choice.params, **settings)
 
     # -- the loop -------------------------------------------------------------

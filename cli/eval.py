@@ -13,7 +13,14 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.front.registry import BASELINE, DEFAULT_SAMPLER, EVAL_SAMPLER_NAMES, names_where, spec_of
+from entropix_mlx.front.registry import (
+    BASELINE,
+    DEFAULT_SAMPLER,
+    EVAL_SAMPLER_NAMES,
+    check_reasoning,
+    names_where,
+    spec_of,
+)
 from entropix_mlx.model.loading import resolve
 from entropix_mlx.sampling.config import SamplerConfig, resolve_config
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
@@ -223,8 +230,7 @@ def eval_command(
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
-    if reasoning and not set(names_where(reasoning=True)) & set(names):
-        raise ConfigError("--reasoning sets entropix and deliberate, which --samplers does not name")
+    check_reasoning(names, bool(reasoning))
     reasoning = cot if reasoning is None else reasoning
     if set(ENTROPIX_NAMES) & set(names):  # a bad --config fails now, not after the model loads
         resolve_config(source.name, config, reasoning)

@@ -10,7 +10,7 @@ import typer
 from entropix_mlx.accel.weights import WEIGHT_FORMATS
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.front import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS  # run's and chat's, the library's
-from entropix_mlx.front.registry import SAMPLER_NAMES, spec_of
+from entropix_mlx.front.registry import SAMPLER_NAMES, check_reasoning, spec_of
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
 from entropix_mlx.sampling.config import PRESETS, SamplerConfig, resolve_config
 from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
@@ -222,8 +222,7 @@ def check_options(
         )
     if budget is not None and not spec.budget:
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
-    if reasoning and not spec.reasoning:
-        raise ConfigError(f"--reasoning sets entropix and deliberate; --sampler {sampler} has no reasoning setting")
+    check_reasoning(sampler, reasoning)
 
 
 def check_config(choice, config: str | None, model: str | None, budget=None, reasoning: bool = False) -> None:

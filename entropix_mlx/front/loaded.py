@@ -23,7 +23,7 @@ from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
 from ..sampling.settings import read_toml
-from .registry import SAMPLER_NAMES, SamplerSpec, build, spec_of
+from .registry import SAMPLER_NAMES, SamplerSpec, build, check_reasoning, spec_of
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,13 @@ class Choice:
     @property
     def spec(self) -> SamplerSpec:
         return spec_of(self.name)
+
+    def reasons(self, reasoning: bool) -> bool:
+        """Whether the answering sampler reasons when `reasoning` is asked: an error
+        for a sampler with no reasoning setting (`check_reasoning`); off only where
+        temperature 0 handed the answer to greedy (its note says so)."""
+        check_reasoning(self.asked, reasoning)
+        return reasoning and self.spec.reasoning
 
 
 def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> Choice:
@@ -150,7 +157,7 @@ class LoadedModel:
                 f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
             )
         if isinstance(choice, Choice):
-            reasoning = reasoning and choice.spec.reasoning
+            reasoning = choice.reasons(reasoning)
             sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
         else:
             sampler, notes = choice, ()

@@ -152,6 +152,22 @@ def names_where(**facts) -> tuple[str, ...]:
     return tuple(n for n, s in SAMPLERS.items() if all(getattr(s, k) == v for k, v in facts.items()))
 
 
+REASONING_NAMES = names_where(reasoning=True)
+
+
+def check_reasoning(names: str | tuple[str, ...] | list[str], reasoning: bool) -> None:
+    """The one rule for `reasoning`, in the CLI, the Python API and the server alike:
+    asked of a sampler with no reasoning setting, it is an error (ConfigError),
+    never dropped. `names`: the sampler asked for, or eval's list, where it sets
+    those that have one and is an error only when none has."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if reasoning and not any(SAMPLERS[n].reasoning for n in names):
+        which = f"the {names[0]} sampler has no" if len(names) == 1 else f"none of {', '.join(names)} has a"
+        raise ConfigError(
+            f"{which} reasoning setting; drop reasoning or choose {' or '.join(REASONING_NAMES)}, which have one"
+        )
+
+
 def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = False, **overrides) -> Sampler:
     """Sampler `name` with the settings of `card` under `config` (the samplers that
     read the card: a .toml file, or for entropix a preset name or a SamplerConfig)
@@ -162,8 +178,7 @@ def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = F
     thought's (`answers.chain_of_thought_answer`, with a config file too);
     `tokenizer`: the model's (entropix's thinking text is in its tokens)."""
     spec = spec_of(name)
-    if reasoning and not spec.reasoning:
-        raise ConfigError(f"the {name} sampler has no reasoning setting (entropix and deliberate have one)")
+    check_reasoning(name, reasoning)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return spec.make(spec, card, config if spec.reads_card else None, reasoning, tokenizer, overrides)
 
