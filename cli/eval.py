@@ -18,14 +18,11 @@ from entropix_mlx.front.registry import (
     DEFAULT_SAMPLER,
     EVAL_SAMPLER_NAMES,
     check_reasoning,
-    names_where,
+    config_sets,
+    read_settings,
     spec_of,
 )
 from entropix_mlx.model.loading import resolve
-from entropix_mlx.sampling.config import SamplerConfig, resolve_config
-from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
-from entropix_mlx.sampling.settings import read_toml
-from entropix_mlx.sampling.voting import VoteConfig
 
 from .eval_progress import run_with_progress
 from .eval_tables import print_open_table, print_table
@@ -35,11 +32,6 @@ from .options import ModelOpt, NoCacheOpt, WeightsOpt
 # entropix_mlx.eval, rich.progress and rich.table are imported in the functions that use
 # them: app.py imports every command's module at each start (--help too), and only eval
 # needs them.
-
-# The samplers --config sets: entropix from the file's top level or [sampler],
-# those that read [deliberate] from that table.
-ENTROPIX_NAMES = names_where(settings=SamplerConfig)
-DELIBERATE_NAMES = names_where(settings=DeliberateConfig, reads_card=True)
 
 DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: see above)
 
@@ -224,7 +216,7 @@ def eval_command(
     max_tokens = _budgets(max_tokens)
     split = _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks)
     _check_plot(plot)
-    for_deliberate = _config_for(config, names)
+    configured = _configured(config, names)
     task_list, path = _task_list(open_text, tasks, builtin, split, items, limit)
     cot_default = max_tokens is None and cot
     if max_tokens is None:
@@ -232,10 +224,8 @@ def eval_command(
     source = resolve(model)
     check_reasoning(names, bool(reasoning))
     reasoning = cot if reasoning is None else reasoning
-    if set(ENTROPIX_NAMES) & set(names):  # a bad --config fails now, not after the model loads
-        resolve_config(source.name, config, reasoning)
-    if set(DELIBERATE_NAMES) & set(names) and for_deliberate:
-        resolve_deliberate(source.name, config)
+    for name in names:  # a bad --config or card fails now, not after the model loads
+        read_settings(name, source.name, config if name in configured else None, reasoning and spec_of(name).reasoning)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
     card = any(spec_of(n).reads_card for n in names)
@@ -248,10 +238,10 @@ def eval_command(
         spec = spec_of(name)
         return loaded.sampler(
             name,
-            config=config if name in ENTROPIX_NAMES or (name in DELIBERATE_NAMES and for_deliberate) else None,
+            config=config if name in configured else None,
             reasoning=reasoning and spec.reasoning,
             metrics=False,
-            k=k if spec.settings is VoteConfig else None,
+            k=k if spec.votes else None,
         )
 
     common = dict(
@@ -326,17 +316,15 @@ def _check_plot(plot: Path | None) -> None:
         raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
 
 
-def _config_for(config: str | None, names: list[str]) -> bool:
-    """Whether --config also sets deliberate (a TOML file with a [deliberate]
-    table); the rest of it is Entropix's, so one of them must run."""
-    for_deliberate = config is not None and str(config).endswith(".toml") and DeliberateConfig.kind in read_toml(config)
-    uses_table = set(DELIBERATE_NAMES) & set(names) and for_deliberate
-    if config is not None and not set(ENTROPIX_NAMES) & set(names) and not uses_table:
+def _configured(config: str | None, names: list[str]) -> list[str]:
+    """The samplers of `names` that --config sets (the registry says which); one must run."""
+    configured = [n for n in names if config_sets(n, config)]
+    if config is not None and not configured:
         raise ConfigError(
             "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
             "which --samplers does not include"
         )
-    return for_deliberate
+    return configured
 
 
 def _task_list(open_text, tasks, builtin, split, items, limit) -> tuple[list, Path]:
