@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from ..model.cache import KVCache, visible_columns
 from ..sampling.penalties import Penalties
-from ..sampling.samplers import Choice, Sampler, Step
+from ..sampling.samplers import Sampler, Step, TokenChoice
 
 DEFAULT_MAX_TOKENS = 256  # an answer's length when a caller names none
 
@@ -111,7 +111,7 @@ class Row:
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None  # set when the row's state lives outside the batch
         self.spawn: list = []  # (token, logprob, metrics) alternatives chosen this step
-        self.split_top: list = []  # the most likely tokens where they were chosen (Choice.top)
+        self.split_top: list = []  # the most likely tokens where they were chosen (TokenChoice.top)
         if sampler is not None:  # else the engine gives it a pooled one
             sampler.reset()
 
@@ -174,7 +174,7 @@ class Row:
             logits = penalties.apply(logits, self.result.tokens)
         return Step(logits, self.scores, self.result.tokens, model, row_cache, penalties), step_key
 
-    def step(self, eos: set, choice: Choice | None) -> int | None:
+    def step(self, eos: set, choice: TokenChoice | None) -> int | None:
         """Take `choice` (None: feed the queue). Returns the token to feed next;
         None when the row has finished or has advanced itself (then `own_cache`
         is set)."""

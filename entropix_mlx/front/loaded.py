@@ -45,7 +45,7 @@ class ModelCard:
 
 
 @dataclass(frozen=True)
-class Choice:
+class SamplerChoice:
     """What a request asked for, resolved: the sampler that answers, the sampling
     parameters it takes, and a note for each thing that changed."""
 
@@ -66,7 +66,7 @@ class Choice:
         return reasoning and self.spec.reasoning
 
 
-def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> Choice:
+def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> SamplerChoice:
     """Sampler `sampler` among `names` with sampling `params` (None values unset),
     each checked against its range. Parameters a sampler does not take are left
     out with a note; temperature 0 hands the answer to greedy with a note."""
@@ -74,11 +74,11 @@ def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SA
     given = check_parameters(params or {})
     if given and not spec.parameters:
         note = f"{', '.join(given)} ignored: the {sampler} sampler takes no sampling parameters"
-        return Choice(sampler, sampler, {}, (note,))
+        return SamplerChoice(sampler, sampler, {}, (note,))
     if given.get("temperature") == 0:
         note = "temperature 0 asks for deterministic answers: the greedy sampler answered"
-        return Choice(sampler, "greedy", {}, (note,))
-    return Choice(sampler, sampler, given, ())
+        return SamplerChoice(sampler, "greedy", {}, (note,))
+    return SamplerChoice(sampler, sampler, given, ())
 
 
 @dataclass
@@ -135,7 +135,7 @@ class LoadedModel:
     def prepare(
         self,
         ids: list[int],
-        choice: Choice | Sampler,
+        choice: SamplerChoice | Sampler,
         max_tokens: int | None = None,
         seed: int = 0,
         penalties: dict | None = None,
@@ -156,7 +156,7 @@ class LoadedModel:
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
             )
-        if isinstance(choice, Choice):
+        if isinstance(choice, SamplerChoice):
             reasoning = choice.reasons(reasoning)
             sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
         else:

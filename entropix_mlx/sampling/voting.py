@@ -9,7 +9,7 @@ softmax(c / confidence_temperature) over the k samples. The vote itself is
 answer selection's (selection.py), shared with deliberate.
 
 The k answers share one prefill: the root row draws k first tokens
-independently and starts a row for each but its own (`Choice.spawn`), each
+independently and starts a row for each but its own (`TokenChoice.spawn`), each
 continuing on a copy of the root's cache with its own key chain.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .samplers import Choice, Step, TemperatureSampler, filtered_logprobs, sanitize_logits
+from .samplers import Step, TemperatureSampler, TokenChoice, filtered_logprobs, sanitize_logits
 from .settings import Settings, at_least, rule, validate
 
 VOTES = ("majority", "confidence")
@@ -65,7 +65,7 @@ class SampleSpawner:
     def reset(self):
         self.first = True
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def choose(self, step: Step, key: mx.array) -> TokenChoice:
         first, self.first = self.first, False
         if not (first and self.spawns and self.config.k > 1):
             return self.inner.choose(step, key)
@@ -77,4 +77,4 @@ class SampleSpawner:
         tokens, logprobs = tokens.tolist(), logprobs.tolist()
         spawn = [(t, lp, {}, "sample") for t, lp in zip(tokens[1:], logprobs[1:], strict=True)]
         params = dict(self.inner.params)
-        return Choice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)
+        return TokenChoice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)
