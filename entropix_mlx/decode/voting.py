@@ -59,7 +59,9 @@ def vote_rows(
         texts = [tokenizer.decode(r.tokens) for r in results]
         samples = [sample_record(r, t, answer_of(index, t)) for r, t in zip(results, texts, strict=True)]
         answers = [s["answer"] for s in samples]
-        chosen, votes = vote(answers, [s["mean_logprob"] for s in samples], config.vote, config.confidence_temperature)
+        chosen, votes = vote(
+            answers, [s["mean_logprob"] for s in samples], config.selector, config.confidence_temperature
+        )
         w = results[chosen]
         result = RowResult(
             tokens=w.tokens,
