@@ -17,7 +17,7 @@ from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.front import SAMPLER_NAMES, choose
+from entropix_mlx.front import DEFAULT_SAMPLER, SAMPLER_NAMES, choose
 from entropix_mlx.front.registry import sampler_legend, spec_for
 from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
@@ -109,7 +109,7 @@ class ChatSession:
         o = self.sampler_options
         choice = choose(choice, o["params"]) if isinstance(choice, str) else choice
         settings = {"budget": o["budget"]} if choice.spec.budget else {}
-        reasoning = o["reasoning"] and choice.spec.reasoning
+        reasoning = choice.reasons(o["reasoning"])
         return self.loaded.sampler(choice.name, o["config"], reasoning, **choice.params, **settings)
 
     # -- the loop -------------------------------------------------------------
@@ -332,7 +332,7 @@ class ChatSession:
 def chat(
     ctx: typer.Context,
     model: ModelOpt = None,
-    sampler: SamplerOpt = "entropix",
+    sampler: SamplerOpt = DEFAULT_SAMPLER,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,

@@ -13,12 +13,16 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.front.registry import EVAL_SAMPLER_NAMES, names_where, spec_of
+from entropix_mlx.front.registry import (
+    BASELINE,
+    DEFAULT_SAMPLER,
+    EVAL_SAMPLER_NAMES,
+    check_reasoning,
+    config_sets,
+    read_settings,
+    spec_of,
+)
 from entropix_mlx.model.loading import resolve
-from entropix_mlx.sampling.config import SamplerConfig, resolve_config
-from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
-from entropix_mlx.sampling.settings import read_toml
-from entropix_mlx.sampling.voting import VoteConfig
 
 from .eval_progress import run_with_progress
 from .eval_tables import print_open_table, print_table
@@ -29,11 +33,6 @@ from .options import ModelOpt, NoCacheOpt, WeightsOpt
 # them: app.py imports every command's module at each start (--help too), and only eval
 # needs them.
 
-# The samplers --config sets: entropix from the file's top level or [sampler],
-# those that read [deliberate] from that table.
-ENTROPIX_NAMES = names_where(settings=SamplerConfig)
-DELIBERATE_NAMES = names_where(settings=DeliberateConfig, reads_card=True)
-
 DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not imported: see above)
 
 # Short answers need few tokens, and 8 rows per batch keep both cores of a small
@@ -43,7 +42,7 @@ DEFAULT_OPEN_TOKENS = 64  # = entropix_mlx.eval.DEFAULT_OPEN_TOKENS (not importe
 DEFAULT_MAX_TOKENS = 32
 COT_MAX_TOKENS = 768
 DEFAULT_BATCH_SIZE = 8
-DEFAULT_SAMPLERS = "greedy,entropix"
+DEFAULT_SAMPLERS = f"{BASELINE},{DEFAULT_SAMPLER}"
 
 
 def _samplers(value: str) -> list[str]:
@@ -217,19 +216,16 @@ def eval_command(
     max_tokens = _budgets(max_tokens)
     split = _check_mode(open_text, names, max_tokens, items, cot, split, builtin, tasks)
     _check_plot(plot)
-    for_deliberate = _config_for(config, names)
+    configured = _configured(config, names)
     task_list, path = _task_list(open_text, tasks, builtin, split, items, limit)
     cot_default = max_tokens is None and cot
     if max_tokens is None:
         max_tokens = DEFAULT_OPEN_TOKENS if open_text else COT_MAX_TOKENS if cot else DEFAULT_MAX_TOKENS
     source = resolve(model)
-    if reasoning and not set(names_where(reasoning=True)) & set(names):
-        raise ConfigError("--reasoning sets entropix and deliberate, which --samplers does not name")
+    check_reasoning(names, bool(reasoning))
     reasoning = cot if reasoning is None else reasoning
-    if set(ENTROPIX_NAMES) & set(names):  # a bad --config fails now, not after the model loads
-        resolve_config(source.name, config, reasoning)
-    if set(DELIBERATE_NAMES) & set(names) and for_deliberate:
-        resolve_deliberate(source.name, config)
+    for name in names:  # a bad --config or card fails now, not after the model loads
+        read_settings(name, source.name, config if name in configured else None, reasoning and spec_of(name).reasoning)
     w = world()  # under mlx.launch: each rank answers a share of the items, rank 0 prints
     check_same_model(w, source.path)
     card = any(spec_of(n).reads_card for n in names)
@@ -242,10 +238,10 @@ def eval_command(
         spec = spec_of(name)
         return loaded.sampler(
             name,
-            config=config if name in ENTROPIX_NAMES or (name in DELIBERATE_NAMES and for_deliberate) else None,
+            config=config if name in configured else None,
             reasoning=reasoning and spec.reasoning,
             metrics=False,
-            k=k if spec.settings is VoteConfig else None,
+            k=k if spec.votes else None,
         )
 
     common = dict(
@@ -320,17 +316,15 @@ def _check_plot(plot: Path | None) -> None:
         raise ConfigError("--plot needs matplotlib: pip install 'entropix-mlx[plot]'") from None
 
 
-def _config_for(config: str | None, names: list[str]) -> bool:
-    """Whether --config also sets deliberate (a TOML file with a [deliberate]
-    table); the rest of it is Entropix's, so one of them must run."""
-    for_deliberate = config is not None and str(config).endswith(".toml") and DeliberateConfig.kind in read_toml(config)
-    uses_table = set(DELIBERATE_NAMES) & set(names) and for_deliberate
-    if config is not None and not set(ENTROPIX_NAMES) & set(names) and not uses_table:
+def _configured(config: str | None, names: list[str]) -> list[str]:
+    """The samplers of `names` that --config sets (the registry says which); one must run."""
+    configured = [n for n in names if config_sets(n, config)]
+    if config is not None and not configured:
         raise ConfigError(
             "--config sets the entropix sampler (and deliberate, from a [deliberate] table), "
             "which --samplers does not include"
         )
-    return for_deliberate
+    return configured
 
 
 def _task_list(open_text, tasks, builtin, split, items, limit) -> tuple[list, Path]:

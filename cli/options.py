@@ -9,14 +9,12 @@ import typer
 
 from entropix_mlx.accel.weights import WEIGHT_FORMATS
 from entropix_mlx.errors import ConfigError
-from entropix_mlx.front.registry import SAMPLER_NAMES, spec_of
+from entropix_mlx.front import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS  # run's and chat's, the library's
+from entropix_mlx.front.registry import SAMPLER_NAMES, check_reasoning, read_settings, spec_of
 from entropix_mlx.model.loading import DEFAULT_MODEL, resolve
-from entropix_mlx.sampling.config import PRESETS, SamplerConfig, resolve_config
-from entropix_mlx.sampling.deliberate_config import DeliberateConfig, resolve_deliberate
 from entropix_mlx.sampling.parameters import PARAMETERS
 
 DEFAULT_SEED = 0  # a fixed default: the same command gives the same answer; pass --seed to vary it
-DEFAULT_MAX_TOKENS = 256
 
 
 def _check_weights(value: str) -> str:
@@ -233,27 +231,27 @@ def check_options(
         )
     if budget is not None and not spec.budget:
         raise ConfigError(f"--budget sets the deliberate sampler; --sampler {sampler} does not use it")
-    if reasoning and not spec.reasoning:
-        raise ConfigError(f"--reasoning sets entropix and deliberate; --sampler {sampler} has no reasoning setting")
+    check_reasoning(sampler, reasoning)
 
 
 def check_config(choice, config: str | None, model: str | None, budget=None, reasoning: bool = False) -> None:
     """Read --config and the model's shipped card for the sampler that answers and
     validate every value, so a mistake costs a second, not a model load."""
     spec = spec_of(choice.asked)
-    if spec.settings is DeliberateConfig:  # the card's [deliberate] table, a --config file's, then --budget
-        if config is not None and not Path(config).is_file():
-            raise ConfigError(
-                f"--config {config} is not a file; for --sampler {choice.asked} give a .toml file with a "
-                "[deliberate] table"
-            )
-        resolve_deliberate(resolve(model).name, config, budget=budget)
-        return
     if config is not None:
-        if spec.settings is not SamplerConfig:
+        if spec.table is None:
             raise ConfigError(f"--config sets the entropix sampler; --sampler {choice.asked} does not use it")
-        if config not in PRESETS and not Path(config).is_file():
+        if config not in spec.presets and not Path(config).is_file():
+            if not spec.presets:
+                raise ConfigError(
+                    f"--config {config} is not a file; for --sampler {choice.asked} give a .toml file with a "
+                    f"[{spec.table}] table"
+                )
             what = "is a directory" if Path(config).is_dir() else "does not exist"
-            raise ConfigError(f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(PRESETS)})")
-    if choice.spec.settings is SamplerConfig:
-        resolve_config(resolve(model).name, config, reasoning, **choice.params)
+            raise ConfigError(
+                f"--config {config} {what}; give a sampler .toml file or a preset ({', '.join(spec.presets)})"
+            )
+    if choice.spec.table is not None:  # the card's table, a --config file's, then the options
+        read_settings(
+            choice.name, resolve(model).name, config, choice.reasons(reasoning), **choice.params, budget=budget
+        )

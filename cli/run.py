@@ -19,7 +19,7 @@ from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.front import choose, deterministic
+from entropix_mlx.front import DEFAULT_SAMPLER, choose, deterministic
 from entropix_mlx.front.registry import sampler_legend
 from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
@@ -95,7 +95,7 @@ def run(
     ctx: typer.Context,
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The prompt; '-' reads it from standard input.")],
     model: ModelOpt = None,
-    sampler: SamplerOpt = "entropix",
+    sampler: SamplerOpt = DEFAULT_SAMPLER,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     seed: SeedOpt = DEFAULT_SEED,
     system: SystemOpt = None,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .decode.prompt import encode_chat
 from .errors import ConfigError
 from .eval.usercard import ensure_card
-from .front import EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose
+from .front import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLER, EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose
 from .model.loading import load as load_files
 from .sampling.config import resolve_config
 from .sampling.entropix import EntropixSampler
@@ -56,7 +56,7 @@ def load(path_or_alias: str | None = None, weights: str = "auto", progress: Call
     return loaded.model, loaded.tokenizer
 
 
-def make_sampler(name: str = "entropix", model=None, **settings):
+def make_sampler(name: str = DEFAULT_SAMPLER, model=None, **settings):
     """A sampler (`entropix`, `greedy`, `min_p`, `temperature`) or a whole-answer
     decoder (`deliberate`, and eval's baselines) by name, with the settings of
     `model`'s card (a model from `load`) under `settings`. Without a model, the
@@ -108,7 +108,7 @@ def prompt_ids(tokenizer, prompt) -> list[int]:
 
 
 def stream_generate(
-    model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0, json_schema=None
+    model, tokenizer, prompt, sampler=None, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, json_schema=None
 ) -> Iterator[Response]:
     """Yield a `Response` per generated token. `prompt`: text or token ids;
     `sampler`: from `make_sampler` (default: entropix with the model's card);
@@ -119,7 +119,7 @@ def stream_generate(
     if loaded is None or loaded.tokenizer is not tokenizer:
         card = getattr(model, "entropix_card", None) or ModelCard(getattr(model, "name", "model"), None, "none")
         loaded = LoadedModel(model, tokenizer, None, card)
-    sampler = sampler or make_sampler("entropix", model=model)
+    sampler = sampler or make_sampler(DEFAULT_SAMPLER, model=model)
     prepared = loaded.prepare(ids, sampler, max_tokens, seed, json_schema=json_schema)
     generation = loaded.generate(prepared)
     pending = None
@@ -139,7 +139,9 @@ def stream_generate(
         )
 
 
-def generate(model, tokenizer, prompt, sampler=None, max_tokens: int = 256, seed: int = 0, json_schema=None) -> str:
+def generate(
+    model, tokenizer, prompt, sampler=None, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, json_schema=None
+) -> str:
     """The whole answer's text (see `stream_generate`)."""
     responses = stream_generate(model, tokenizer, prompt, sampler, max_tokens, seed, json_schema)
     return "".join(r.text for r in responses)

@@ -48,9 +48,8 @@ from entropix_mlx.errors import EntropixError
 from entropix_mlx.eval import EvalConfig, item_seed, load_tasks, machine_description, rows_for, score, select_split
 from entropix_mlx.eval.neighbour import SPIN_CODE, busy_neighbour
 from entropix_mlx.eval.runner import item_range
-from entropix_mlx.eval.store import sampler_settings
+from entropix_mlx.eval.store import sampler_settings, settings_changed
 from entropix_mlx.front import EVAL_SAMPLER_NAMES, choose
-from entropix_mlx.sampling.voting import VoteConfig
 
 from .cost_records import markdown, read_records, settings_path, table_rows, write_records, write_settings
 
@@ -87,7 +86,7 @@ def overrides(choice, options: Options) -> dict:
     """The request's settings: the votes' k, and the reasoning setting where the sampler has one."""
     return {
         "reasoning": options.reasoning and choice.spec.reasoning,
-        **({"k": options.k} if choice.spec.settings is VoteConfig else {}),
+        **({"k": options.k} if choice.spec.votes else {}),
     }
 
 
@@ -234,7 +233,8 @@ def resumed_settings(path: Path, now: dict) -> dict:
     saved = json.loads(path.read_text())
     changed = [k for k in IDENTITY if saved.get(k) != now[k]]
     both = sorted(set(saved["samplers"]) & set(now["samplers"]))
-    changed += [f"{n} settings" for n in both if saved["samplers"][n] != now["samplers"][n]]
+    # A record written before a setting's rename holds the same settings under its earlier name.
+    changed += [f"{n} settings" for n in both if settings_changed(saved["samplers"][n], now["samplers"][n])]
     if changed:
         raise SystemExit(f"{path} holds a run with other {', '.join(changed)}; give another --out or remove it")
     items = sorted({*item_indices(saved["items"]), *item_indices(now["items"])})

@@ -203,3 +203,24 @@ def test_the_python_api_page_runs_as_written(tmp_path):
     assert out.returncode == 0, out.stderr
     printed = re.split(r"<<\d>>\n", out.stdout)
     assert len(printed) == len(blocks) + 1 and all(p.strip() for p in printed[:-1]), out.stdout
+
+
+def test_the_library_the_cli_and_the_server_share_one_default_length_and_sampler():
+    import inspect
+
+    from entropix_mlx.cli import chat, run
+
+    from entropix_mlx.decode.generate import generate as decode_generate
+    from entropix_mlx.decode.rows import Request
+    from entropix_mlx.front import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLER
+    from entropix_mlx.server.schema import parse
+
+    def default(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    for function in (api.generate, api.stream_generate, decode_generate, run.run, chat.chat):
+        assert default(function, "max_tokens") == DEFAULT_MAX_TOKENS == 256
+    assert Request([1]).max_tokens == DEFAULT_MAX_TOKENS
+    assert default(api.make_sampler, "name") == default(run.run, "sampler") == default(chat.chat, "sampler")
+    assert parse({"messages": [{"role": "user", "content": "hi"}]}, True, ("entropix",)).sampler == DEFAULT_SAMPLER
+    assert DEFAULT_SAMPLER == "entropix"

@@ -12,7 +12,7 @@ from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ContextOverflowError
 from entropix_mlx.sampling.config import SamplerConfig
 from entropix_mlx.sampling.entropix import EntropixSampler
-from entropix_mlx.sampling.samplers import Choice, GreedySampler, TemperatureSampler
+from entropix_mlx.sampling.samplers import GreedySampler, TemperatureSampler, TokenChoice
 
 EOS = 2  # <|im_end|> in the tiny tokenizer
 
@@ -51,7 +51,7 @@ class StopsEarly(GreedySampler):
 
     def choose(self, step, key):
         if len(step.tokens) >= 3 and step.tokens[-1] % 4 == 0:
-            return Choice([EOS], "stop", [0.0])
+            return TokenChoice([EOS], "stop", [0.0])
         return super().choose(step, key)
 
 
@@ -158,7 +158,7 @@ class SaysThreeTokens(GreedySampler):
     def choose(self, step, key):
         self.n += 1
         if self.n % 2:
-            return Choice([70, 71, 72], "think", [None, None, None])
+            return TokenChoice([70, 71, 72], "think", [None, None, None])
         return super().choose(step, key)
 
 
@@ -178,7 +178,7 @@ class EndsAfterTwo(GreedySampler):
     """Its first decision is a whole rest of the answer: two tokens and the end of turn."""
 
     def choose(self, step, key):
-        return Choice([70, 71, EOS, 73], "branch", [-0.1, -0.2, -0.3, -0.4])
+        return TokenChoice([70, 71, EOS, 73], "branch", [-0.1, -0.2, -0.3, -0.4])
 
 
 class CountsCalls:
@@ -248,7 +248,7 @@ def entropix(tokenizer, **changes):
             "high_varentropy": 0.0,
             "branch_rollout_tokens": 2,
         },
-        # think at every step: the thinking text is run by the sampler (Choice.advanced)
+        # think at every step: the thinking text is run by the sampler (TokenChoice.advanced)
         {
             "strategies": ("think", "adaptive"),
             "low_entropy": 0.0,

@@ -10,7 +10,7 @@ from entropix_mlx.decode.chat import Conversation, common_prefix_length
 from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ContextOverflowError
 from entropix_mlx.model.cache import cache_length
-from entropix_mlx.sampling.samplers import Choice, GreedySampler
+from entropix_mlx.sampling.samplers import GreedySampler, TokenChoice
 
 
 def byte_id(char: str) -> int:
@@ -31,7 +31,7 @@ class ScriptedSampler:
     def choose(self, step, key):
         token = self.ids[min(self.i, len(self.ids) - 1)]
         self.i += 1
-        return Choice([token], "scripted", [0.0])
+        return TokenChoice([token], "scripted", [0.0])
 
 
 def fresh_answer(model, tokenizer, prompt_tokens, max_tokens):

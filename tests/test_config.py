@@ -144,3 +144,29 @@ def test_make_sampler_rejects_bad_values():
         build("entropix", temperature=-1)
     with pytest.raises(ConfigError, match="unknown sampler 'magic'"):
         build("magic")
+
+
+def test_the_registry_says_what_a_config_sets_and_reads_settings_without_building(tmp_path):
+    from entropix_mlx.front.registry import SAMPLERS, config_sets, read_settings
+
+    both, plain = tmp_path / "both.toml", tmp_path / "plain.toml"
+    both.write_text("[sampler]\ntemperature = 0.5\n[deliberate]\nbudget = 3.0\n")
+    plain.write_text("temperature = 0.5\n")
+    assert [SAMPLERS[n].table for n in ("entropix", "deliberate", "deliberate_wide", "cot_decoding", "greedy")] == [
+        "sampler",
+        "deliberate",
+        "deliberate",
+        None,
+        None,
+    ]
+    assert SAMPLERS["entropix"].presets == ("reference", "calibrated") and not SAMPLERS["deliberate"].presets
+    assert [n for n, s in SAMPLERS.items() if s.votes] == ["self_consistency", "cisc"]
+    assert config_sets("entropix", "reference") and config_sets("entropix", plain) and config_sets("deliberate", both)
+    assert not config_sets("deliberate", plain) and not config_sets("cot_decoding", both)
+    assert not config_sets("greedy", both) and not config_sets("entropix", None)
+    assert read_settings("entropix", None, both, temperature=0.7, top_p=None)[0].temperature == 0.7
+    assert read_settings("deliberate", None, both)[0].budget == 3.0
+    assert read_settings("deliberate_margin", None)[0].selector == "continuation_margin"  # its rule over the card
+    assert read_settings("greedy") is None and read_settings("cot_decoding") is None
+    with pytest.raises(ConfigError, match="'top_p'"):
+        read_settings("entropix", None, None, top_p=1.5)

@@ -84,6 +84,9 @@ def test_chat_answers_with_deliberate_and_keeps_the_conversation(tiny_ref):
         (["--sampler", "deliberate", "--temperature", "0.5"], "no effect with --sampler deliberate"),
         (["--sampler", "deliberate", "--budget", "0.5"], "--budget"),
         (["--sampler", "deliberate", "--config", "nope.toml"], "is not a file"),
+        (["--sampler", "deliberate", "--config", "reference"], "give a .toml file with a [deliberate] table"),
+        # cot_decoding is a fixed preset: a --config file would change nothing.
+        (["--sampler", "cot_decoding", "--config", "reference"], "--sampler cot_decoding does not use it"),
     ],
 )
 def test_bad_deliberate_options_are_one_line_errors(tiny_ref, args, needle):

@@ -17,7 +17,7 @@ from entropix_mlx.decode.engine import generate_batch
 from entropix_mlx.decode.rows import Request
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.front.registry import build
-from entropix_mlx.sampling.samplers import Choice
+from entropix_mlx.sampling.samplers import TokenChoice
 
 # -- metrics of one output ----------------------------------------------------------
 
@@ -158,7 +158,7 @@ class Scripted:
     def choose(self, step, key):
         token = self.script[self.pos] if self.pos < len(self.script) else self.eos
         self.pos += 1
-        return Choice([token], "script", [0.0])
+        return TokenChoice([token], "script", [0.0])
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from entropix_mlx.decode.generate import generate
 from entropix_mlx.errors import ConfigError
 from entropix_mlx.eval import calibrate as calibration
 from entropix_mlx.front import LoadedModel
-from entropix_mlx.sampling.samplers import Choice, GreedySampler
+from entropix_mlx.sampling.samplers import GreedySampler, TokenChoice
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 
@@ -45,7 +45,7 @@ class ScriptedSampler:
         self.calls += 1
         token = self.ids[min(self.i, len(self.ids) - 1)]
         self.i += 1
-        return Choice([token], "scripted", [self.logprob], dict(self.metrics))
+        return TokenChoice([token], "scripted", [self.logprob], dict(self.metrics))
 
 
 def use_sampler(monkeypatch, sampler):

@@ -87,9 +87,46 @@ def test_deliberate_reasons_with_the_cards_table_else_the_default_and_a_config_f
     )
 
 
-def test_run_reasoning_is_refused_for_another_sampler():
-    code, _, err = invoke("run", "Hi", "--sampler", "greedy", "--reasoning")
-    assert code == 2 and "--reasoning sets entropix and deliberate" in one_error_line(err)
+NO_REASONING = "the greedy sampler has no reasoning setting; drop reasoning or choose entropix or deliberate"
+
+
+def test_run_and_chat_refuse_reasoning_for_another_sampler_before_the_model_loads():
+    for command in (["run", "Hi"], ["chat"]):
+        code, _, err = invoke(*command, "--sampler", "greedy", "--reasoning", "-m", "/nowhere/model.gguf")
+        assert code == 2 and NO_REASONING in one_error_line(err), err
+
+
+def test_temperature_0_hands_a_reasoning_request_to_greedy_without_reasoning():
+    from entropix_mlx.front import choose
+
+    choice = choose("entropix", {"temperature": 0})
+    assert choice.name == "greedy" and choice.reasons(True) is False  # the asked sampler has one: no error
+    assert choose("deliberate").reasons(True) is True and choose("entropix").reasons(False) is False
+    with pytest.raises(ConfigError, match="the min_p sampler has no reasoning setting"):  # the asked one has none
+        choose("min_p", {"temperature": 0}).reasons(True)
+
+
+def test_a_chat_session_that_reasons_refuses_a_switch_to_a_sampler_without_reasoning(tiny_ref):
+    code, out, err = invoke(
+        "chat",
+        "-m",
+        tiny_ref,
+        "--sampler",
+        "entropix",
+        "--reasoning",
+        "--max-tokens",
+        "2",
+        input="/sampler greedy\n/sampler\n",
+    )
+    assert code == 0, err
+    assert f"error: {NO_REASONING}" in out and "sampler: entropix; give a name" in out  # the session goes on
+
+
+def test_the_python_api_refuses_reasoning_for_another_sampler():
+    import entropix_mlx
+
+    with pytest.raises(ConfigError, match=NO_REASONING):
+        entropix_mlx.make_sampler("greedy", reasoning=True)
 
 
 @pytest.mark.slow
@@ -116,10 +153,10 @@ def test_a_request_asks_for_the_profile():
         assert job.recipe["reasoning"] is True  # a follower rank rebuilds the same sampler
         (job,), _ = server._prepare(parse(body, True, SAMPLER_NAMES), chat=True)
         assert job.sampler.config == resolve_config("tiny")[0]  # not asked: the card's settings
-        (job,), notes = server._prepare(
-            parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True
-        )
-        assert notes == ["reasoning ignored: the greedy sampler has no reasoning setting"]
+        with pytest.raises(APIError) as e:
+            server._prepare(parse({**body, "reasoning": True, "sampler": "greedy"}, True, SAMPLER_NAMES), True)
+        assert e.value.status == 400 and e.value.body()["error"]["param"] == "reasoning"
+        assert NO_REASONING in e.value.message
         with pytest.raises(APIError) as e:
             parse({**body, "reasoning": "yes"}, True, SAMPLER_NAMES)
         assert e.value.status == 400 and e.value.body()["error"]["param"] == "reasoning"
@@ -137,8 +174,8 @@ def test_eval_cot_uses_the_profile_unless_told_not_to(tiny_ref, tmp_path):
         assert code == 0, err
         settings = json.loads((tmp_path / folder / "config.json").read_text())["samplers"]["entropix"]
         assert all(settings[k] == v for k, v in REASONING.items()) is reasoned
-    code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy", "--reasoning")
-    assert code == 2 and "--reasoning sets entropix and deliberate" in one_error_line(err)
+    code, _, err = invoke("eval", gsm, "--cot", "-m", tiny_ref, "--samplers", "greedy,min_p", "--reasoning")
+    assert code == 2 and "none of greedy, min_p has a reasoning setting; drop reasoning" in one_error_line(err)
 
 
 def test_run_eval_and_the_server_reason_with_one_deliberate_setting(tiny_ref, tmp_path):
@@ -289,3 +326,27 @@ def test_chat_hints_once_a_session(tiny_ref):
     assert len(hints(out)) == 1 and out.count("stopped: ") == 2
     code, out, err = invoke("chat", "-m", tiny_ref, "--reasoning", "--max-tokens", "2", input=script)
     assert code == 0 and not hints(out), err
+
+
+def test_the_server_answers_reasoning_for_another_sampler_with_a_400_error_object():
+    from starlette.testclient import TestClient
+
+    from entropix_mlx.server import Engine, PrefixCache
+    from entropix_mlx.server.app import create_app
+
+    engine = Engine(make_loaded(make_tiny_model(), make_tiny_tokenizer(), "tiny.gguf"), PrefixCache(4, 4096))
+    try:
+        client = TestClient(create_app(engine))
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "reasoning": True}
+        for path, extra in (("/v1/chat/completions", {}), ("/v1/chat/completions", {"stream": True})):
+            r = client.post(path, json={**body, **extra, "sampler": "greedy"})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == "reasoning" and NO_REASONING in error["message"]
+        r = client.post(
+            "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "reasoning": True, "sampler": "min_p"}
+        )
+        assert r.status_code == 400 and "the min_p sampler has no reasoning setting" in r.json()["error"]["message"]
+        assert client.post("/v1/chat/completions", json={**body, "sampler": "entropix"}).status_code == 200
+    finally:
+        engine.close()

@@ -264,6 +264,33 @@ def test_the_cli_the_server_and_eval_make_samplers_only_through_the_front_door(p
     assert not found, "\n".join(found)
 
 
+# A sampler's settings class is the registry's to know: the CLI asks the registry (a spec's
+# `table`, `presets`, `votes`; `config_sets`, `read_settings`), never which class it holds.
+SETTINGS_CLASSES = {
+    "entropix_mlx.sampling.config": "SamplerConfig",
+    "entropix_mlx.sampling.deliberate_config": "DeliberateConfig",
+    "entropix_mlx.sampling.voting": "VoteConfig",
+}
+
+
+def test_the_cli_asks_the_registry_never_a_settings_class(package):
+    found = [
+        f"{m.name} imports {source}.{name}"
+        for m in package.values()
+        if m.name.startswith("entropix_mlx.cli")
+        for source, name in imported_names(m)
+        if SETTINGS_CLASSES.get(source) == name
+    ]
+    found += [
+        f"{m.name} line {node.lineno}: {ast.unparse(node)}"
+        for m in package.values()
+        if m.name.startswith("entropix_mlx.cli")
+        for node in ast.walk(ast.parse(m.path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "settings" and "spec" in ast.unparse(node.value)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_sampler_names_are_compared_only_in_the_registry():
     names = "|".join(["entropix", "deliberate", "greedy", "min_p", "temperature", "self_consistency", "cisc"])
     pattern = re.compile(rf"""(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=|in\b|not in\b)""")

@@ -2,6 +2,9 @@
 engine, the votes, every k' <= k recomputed from one run's records, and the
 cost of every sampler counted in eval's summary."""
 
+import json
+from pathlib import Path
+
 import mlx.nn as nn
 import pytest
 from conftest import make_tiny_model
@@ -93,15 +96,17 @@ def test_samples_that_start_alike_still_go_their_own_ways():
 def test_majority_and_confidence_votes():
     answers = ["18", "7", None, "7", "18"]
     lps = [-0.1, -0.9, -0.01, -0.8, -0.2]
-    # majority: 18 and 7 tie 2-2; the answer given first wins; None never votes
-    assert vote(answers, lps, "majority") == (0, {"18": 2.0, "7": 2.0})
-    chosen, votes = vote(answers, lps, "confidence", 0.1)
+    # one vote each: 18 and 7 tie 2-2; the answer given first wins; None never votes
+    assert vote(answers, lps, "vote") == (0, {"18": 2.0, "7": 2.0})
+    chosen, votes = vote(answers, lps, "confidence_vote", 0.1)
     assert chosen == 0 and votes["18"] > 100 * votes["7"]  # e^-1 + e^-2 against e^-9 + e^-8
     # a sure minority wins the confidence vote, not the majority one
     answers, lps = ["5", "6", "6"], [-0.05, -1.0, -1.2]
-    assert vote(answers, lps, "majority")[0] == 1
-    assert vote(answers, lps, "confidence", 0.1)[0] == 0
-    assert vote([None, None], [0.0, 0.0], "majority") == (0, {})
+    assert vote(answers, lps, "vote")[0] == 1
+    assert vote(answers, lps, "confidence_vote", 0.1)[0] == 0
+    assert vote([None, None], [0.0, 0.0], "vote") == (0, {})
+    with pytest.raises(ValueError, match="'lowest_group_vote' is not a vote over samples"):
+        vote(answers, lps, "lowest_group_vote")  # it needs each token's log-probability
     w = confidence_weights([-0.1, -0.2], 0.1)
     assert sum(w) == pytest.approx(1.0) and w[0] / w[1] == pytest.approx(2.718281828, rel=1e-6)
 
@@ -109,11 +114,11 @@ def test_majority_and_confidence_votes():
 def test_vote_settings_are_checked():
     with pytest.raises(ConfigError, match="'k' = 0"):
         VoteConfig(k=0)
-    with pytest.raises(ConfigError, match="'vote'"):
-        VoteConfig(vote="loudest")
+    with pytest.raises(ConfigError, match="'selector' = 'loudest'.*choose one of: vote, confidence_vote"):
+        VoteConfig(selector="loudest")
     sc = build("self_consistency", k=3)
-    assert sc.config.k == 3 and sc.config.vote == "majority"
-    assert build("cisc").config.vote == "confidence"
+    assert sc.config.k == 3 and sc.config.selector == "vote"
+    assert build("cisc").config.selector == "confidence_vote"  # deliberate's selector of the same name
     with pytest.raises(ConfigError, match="eval baseline"):
         sc.generate(None, None, [1])
 
@@ -230,3 +235,37 @@ def test_vote_rows_are_told_from_other_rows_by_name():
     assert vote_k(split_label("cisc k=2@768")[0]) == 2
     for other in ("greedy", "deliberate", "deliberate k=4", "self_consistency", "cisc k=", "cisc k=4 (seed 2)"):
         assert vote_k(other) is None
+
+
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "records"
+
+
+def test_settings_written_with_the_earlier_vote_names_still_read():
+    from entropix_mlx.eval.store import settings_changed
+
+    assert VoteConfig.from_dict({"vote": "majority"}) == VoteConfig()
+    assert VoteConfig.from_dict({"k": 4, "vote": "confidence"}) == VoteConfig(k=4, selector="confidence_vote")
+    assert VoteConfig().replace(vote="confidence").selector == "confidence_vote"
+    now = VoteConfig().to_dict()
+    assert VoteConfig.earlier_names(now) == {**{k: v for k, v in now.items() if k != "selector"}, "vote": "majority"}
+    saved = json.loads((RECORDS / "sealed_q05" / "config.json").read_text())["samplers"]["self_consistency"]
+    assert saved["vote"] == "majority"  # a committed record, written before the rename
+    assert not settings_changed(saved, VoteConfig().to_dict())  # a result folder of then resumes now
+    assert settings_changed(saved, VoteConfig(selector="confidence_vote").to_dict())
+
+
+def test_a_sealed_files_log_written_before_the_rename_knows_the_same_configuration():
+    from entropix_mlx.eval.sealed import config_hash, config_hashes
+
+    for folder in ("sealed_q05", "sealed_q15"):
+        saved = json.loads((RECORDS / folder / "config.json").read_text())
+        logged = [json.loads(line) for line in (RECORDS / folder / "scoring_log.jsonl").read_text().splitlines()]
+        hashes = {r["config"] for e in logged for r in e["rows"] if r["sampler"] == "self_consistency"}
+        read = VoteConfig.from_dict(saved["samplers"]["self_consistency"])  # the settings of then, read now
+        assert read.selector == "vote"
+        now = {**saved, "samplers": {**saved["samplers"], "self_consistency": read.to_dict()}}
+        assert hashes and hashes <= config_hashes(now, "self_consistency")
+        assert config_hash(now, "self_consistency") not in hashes  # written now, the log holds the new names
+        other = read.replace(selector="confidence_vote").to_dict()
+        cisc = {**now, "samplers": {"self_consistency": other}}
+        assert not hashes & config_hashes(cisc, "self_consistency")  # another vote is another configuration

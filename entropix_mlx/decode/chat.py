@@ -21,6 +21,7 @@ from ..model.cache import cache_length, make_cache
 from .events import TokenEvent
 from .generate import Generation, generate
 from .prompt import encode_chat
+from .rows import DEFAULT_MAX_TOKENS
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Conversation:
                 f"this model's tokenizer has no usable chat template ({e}); chat needs an instruction-tuned model"
             ) from None
 
-    def ask(self, user: str, sampler, max_tokens: int = 256, seed: int = 0, penalties=None) -> Turn:
+    def ask(self, user: str, sampler, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, penalties=None) -> Turn:
         """Start a turn: trim the cache to what still matches, return the Turn to iterate.
         `penalties` (sampling/penalties.py) see the whole conversation as the prompt.
 
@@ -142,7 +143,7 @@ class Conversation:
         else:
             self._truncate(min(c.offset for c in self.cache) - 1)
 
-    def reply(self, user: str, sampler, max_tokens: int = 256, seed: int = 0) -> Turn:
+    def reply(self, user: str, sampler, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0) -> Turn:
         """Ask and run to the end."""
         turn = self.ask(user, sampler, max_tokens, seed)
         try:

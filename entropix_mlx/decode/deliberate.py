@@ -40,7 +40,7 @@ from ..sampling.selection import Candidate, Deliberation, answer_scores, candida
 from .engine import all_finished, by_request, forking_batch
 from .events import Summary, TextStream, TokenEvent
 from .gated import gated_stages, root_sampler
-from .rows import Request, RowResult
+from .rows import DEFAULT_MAX_TOKENS, Request, RowResult
 
 
 def deliberate_batch(
@@ -249,7 +249,7 @@ def deliberate(
     tokenizer,
     prompt: list[int],
     config: DeliberateConfig | None = None,
-    max_tokens: int = 256,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: int = 0,
     answer_of: Callable[[str], str | None] | None = None,
     on_row: Callable | None = None,
@@ -287,7 +287,7 @@ class DeliberateGeneration:
         tokenizer,
         prompt_tokens: list[int],
         config: DeliberateConfig,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         seed: int = 0,
         cache=None,
         penalties=None,
@@ -388,7 +388,7 @@ class Deliberator:
         self.config_source = f"deliberate settings: {source}"
 
     def generate(
-        self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None
+        self, model, tokenizer, prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
     ) -> DeliberateGeneration:
         return DeliberateGeneration(
             model, tokenizer, prompt_tokens, self.config, max_tokens, seed, cache, penalties, self.answer_of

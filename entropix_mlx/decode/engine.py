@@ -22,11 +22,11 @@ prompt joins it (`merge` + `extend`), each a copy of the whole batch.
 Samplers that run the model themselves (Entropix's branch rollouts and thinking
 insertion) get the model and a batch-1 cache of their row (`RowCache`, built
 only if they touch it); when they hand back the state after their tokens
-(`Choice.advanced`), the row leaves the batch and re-enters with that cache,
+(`TokenChoice.advanced`), the row leaves the batch and re-enters with that cache,
 like a new prompt. A choice of several tokens without such a state is queued
 and fed one token per step.
 
-Rows can spawn rows (`Choice.spawn`, used by `deliberate`): each alternative
+Rows can spawn rows (`TokenChoice.spawn`, used by `deliberate`): each alternative
 token starts a new row at the same position, on a copy of its parent's batch
 row, and is fed in the same forward pass as every other row. With
 `share_prefix`, rows hold only what follows the shared prefix
@@ -79,7 +79,7 @@ class BatchEngine:
     `make_sampler`: a pool of one sampler per slot, used for requests added
     without one (reset for each). `prefix_cache` (with `share_prefix`): the
     prefix every prompt starts with, already run, stored once for all rows (rows
-    that spawn rows, see `Choice.spawn`). `branch_sampler` makes each spawned
+    that spawn rows, see `TokenChoice.spawn`). `branch_sampler` makes each spawned
     row's sampler. `joins_per_step`: the most requests a group admits per step
     (None: as many as it has free slots). `on_finish(row, row_cache)` sees each
     finishing row's cache (the server keeps it for the next turn)."""
@@ -213,7 +213,7 @@ def generate_batch(
     sampler per batch slot, reset for each new request.
 
     `share_prefix`: the batch stores the prefix once, not per row (for rows
-    that fork, see `Choice.spawn`). `branch_sampler`: makes the sampler of
+    that fork, see `TokenChoice.spawn`). `branch_sampler`: makes the sampler of
     each spawned row (default: `make_sampler`). `prefix_cache`: the prefix
     already run through the model (e.g. a chat's cache): read, never written.
     `stop_when(index, result)`, asked of each finished row: True stops the
@@ -282,7 +282,7 @@ def forking_batch(
     stop_when=None,
     follow_up=None,
 ) -> Iterator[tuple[int, RowResult, float]]:
-    """`generate_batch` for rows that spawn rows (`Choice.spawn`: deliberate's
+    """`generate_batch` for rows that spawn rows (`TokenChoice.spawn`: deliberate's
     branches, a vote's samples): one group, so a spawned row shares its parent's
     batch, and the prefix stored once, so it copies only its parent's own
     positions. `make_root` makes each request's sampler, `make_branch` each
@@ -307,7 +307,7 @@ def by_request(
     rows: Iterator[tuple[int, RowResult, float]], more: dict[int, int] | None = None
 ) -> Iterator[tuple[int, list[RowResult], float]]:
     """`generate_batch`'s rows gathered per request once its root row, every
-    row spawned from it (`Choice.spawn`; the root's metrics count them as
+    row spawned from it (`TokenChoice.spawn`; the root's metrics count them as
     `spawned`) and `more[index]` rows started later (`follow_up`) have finished:
     (request index, results root first then by row number, the seconds of them all)."""
     done: dict[int, list[RowResult]] = {}

@@ -17,6 +17,7 @@ from ..sampling.samplers import Sampler, Step
 from .engine import generate_batch
 from .events import Summary, TextStream, TokenEvent
 from .prefill import prefill
+from .rows import DEFAULT_MAX_TOKENS
 
 
 class Generation:
@@ -26,7 +27,7 @@ class Generation:
         tokenizer,
         prompt_tokens: list[int],
         sampler: Sampler,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         seed: int = 0,
         cache=None,
         penalties=None,
@@ -127,7 +128,9 @@ class Decoder(Protocol):
 
     name: str
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None): ...
+    def generate(
+        self, model, tokenizer, prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
+    ): ...
 
     def answer_rows(self, model, tokenizer, requests, batch_size=8, prefix=None, answer_of=None): ...
 
@@ -141,7 +144,7 @@ class StepDecoder:
         self.make_sampler = make_sampler  # one sampler per batch slot: they keep per-answer state
 
     def generate(
-        self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None
+        self, model, tokenizer, prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
     ) -> Generation:
         return Generation(model, tokenizer, prompt_tokens, self.sampler, max_tokens, seed, cache, penalties)
 
@@ -156,7 +159,9 @@ def as_decoder(sampler, make_sampler=None) -> Decoder:
     return sampler if isinstance(sampler, Decoder) else StepDecoder(sampler, make_sampler)
 
 
-def generate(model, tokenizer, prompt_tokens, sampler, max_tokens=256, seed=0, cache=None, penalties=None):
+def generate(
+    model, tokenizer, prompt_tokens, sampler, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
+):
     """One answer to `prompt_tokens` (after what `cache` holds): iterate it for
     `TokenEvent`s; `summary()` at any time. `penalties` (sampling/penalties.py)
     change the logits before the sampler sees them."""

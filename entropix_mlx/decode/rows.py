@@ -9,14 +9,16 @@ import mlx.core as mx
 
 from ..model.cache import KVCache, visible_columns
 from ..sampling.penalties import Penalties
-from ..sampling.samplers import Choice, Sampler, Step
+from ..sampling.samplers import Sampler, Step, TokenChoice
+
+DEFAULT_MAX_TOKENS = 256  # an answer's length when a caller names none
 
 
 @dataclass
 class Request:
     prompt: list[int]  # token ids, chat template applied
     seed: int = 0  # the row's key chain starts at mx.random.key(seed), as in `generate`
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     penalties: Penalties | None = None  # applied to the logits before the sampler sees them
 
 
@@ -109,7 +111,7 @@ class Row:
         self.logits = self.scores = None  # the row's view of its last forward pass
         self.own_cache = None  # set when the row's state lives outside the batch
         self.spawn: list = []  # (token, logprob, metrics) alternatives chosen this step
-        self.split_top: list = []  # the most likely tokens where they were chosen (Choice.top)
+        self.split_top: list = []  # the most likely tokens where they were chosen (TokenChoice.top)
         if sampler is not None:  # else the engine gives it a pooled one
             sampler.reset()
 
@@ -172,7 +174,7 @@ class Row:
             logits = penalties.apply(logits, self.result.tokens)
         return Step(logits, self.scores, self.result.tokens, model, row_cache, penalties), step_key
 
-    def step(self, eos: set, choice: Choice | None) -> int | None:
+    def step(self, eos: set, choice: TokenChoice | None) -> int | None:
         """Take `choice` (None: feed the queue). Returns the token to feed next;
         None when the row has finished or has advanced itself (then `own_cache`
         is set)."""

@@ -12,7 +12,7 @@ from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from ..sampling.selection import vote
 from ..sampling.voting import SampleSpawner, VoteConfig
 from .engine import by_request, forking_batch
-from .rows import Request, RowResult
+from .rows import DEFAULT_MAX_TOKENS, Request, RowResult
 
 
 def mean(values: list) -> float:
@@ -59,7 +59,9 @@ def vote_rows(
         texts = [tokenizer.decode(r.tokens) for r in results]
         samples = [sample_record(r, t, answer_of(index, t)) for r, t in zip(results, texts, strict=True)]
         answers = [s["answer"] for s in samples]
-        chosen, votes = vote(answers, [s["mean_logprob"] for s in samples], config.vote, config.confidence_temperature)
+        chosen, votes = vote(
+            answers, [s["mean_logprob"] for s in samples], config.selector, config.confidence_temperature
+        )
         w = results[chosen]
         result = RowResult(
             tokens=w.tokens,
@@ -84,7 +86,9 @@ class Voter:
         self.name, self.config = name, config
         self.config_source = f"{name} settings: {source}"
 
-    def generate(self, model, tokenizer, prompt_tokens, max_tokens=256, seed=0, cache=None, penalties=None):
+    def generate(
+        self, model, tokenizer, prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, seed=0, cache=None, penalties=None
+    ):
         # Its answer is known only once all k are in; `eval` is where it is compared.
         raise ConfigError(f"{self.name} is an eval baseline: it answers task files in eval, not one prompt")
 

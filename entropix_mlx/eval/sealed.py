@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import private_folder, user_cache_dir
+from .store import settings_class
 
 SEALED_TASKS = "sealed_tasks.txt"  # in entropix_mlx/data: one SHA-256 per line, `#` comments
 
@@ -51,6 +52,17 @@ def config_hash(identity: dict, name: str) -> str:
     keys = ("model", "max_tokens", "prompt_version", "split", "cot")
     what = {k: identity.get(k) for k in keys} | {"sampler": name, "settings": identity["samplers"].get(name)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_hashes(identity: dict, name: str) -> set[str]:
+    """`config_hash` now, and as a log written before a setting's rename holds it:
+    the same configuration under its earlier names."""
+    settings = identity["samplers"].get(name)
+    cls = settings_class(settings) if isinstance(settings, dict) else None
+    if cls is None:
+        return {config_hash(identity, name)}
+    earlier = {**identity, "samplers": {**identity["samplers"], name: cls.earlier_names(settings)}}
+    return {config_hash(identity, name), config_hash(earlier, name)}
 
 
 def commit() -> str | None:
@@ -106,9 +118,9 @@ class SealedFile:
         # An entry that names no model (written before entries did) counts as this model's.
         same_model = [e for e in self.earlier() if e.get("model", identity["model"]) == identity["model"]]
         for name in names:
-            mine = config_hash(identity, name)
+            mine = config_hashes(identity, name)
             other = next(
-                (e for e in same_model for r in e.get("rows", []) if r["sampler"] == name and r["config"] != mine),
+                (e for e in same_model for r in e.get("rows", []) if r["sampler"] == name and r["config"] not in mine),
                 None,
             )
             if other is not None:

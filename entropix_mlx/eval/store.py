@@ -49,14 +49,19 @@ def sampler_settings(sampler) -> dict:
     return dict(getattr(sampler, "params", {}))
 
 
+def settings_class(settings: dict):
+    """The settings class whose fields `settings` (a sampler's, as a record holds them) has; None: a baseline's."""
+    return next(
+        (c for c in (SamplerConfig, DeliberateConfig, VoteConfig) if set(settings) == {f.name for f in fields(c)}), None
+    )
+
+
 def settings_changed(saved: dict, now: dict) -> bool:
     """Whether a sampler's settings differ from those a folder was written with.
     A setting added to the code since then resumes at its default, which keeps
     the earlier behaviour (e.g. deliberate's stop_share 0: no early stop); one
-    renamed since is compared under its name now."""
-    cls = next(
-        (c for c in (SamplerConfig, DeliberateConfig, VoteConfig) if set(now) == {f.name for f in fields(c)}), None
-    )
+    renamed since (or a value) is compared under its name now."""
+    cls = settings_class(now)
     defaults, saved = (cls().to_dict(), cls.current_names(saved)) if cls else ({}, saved)
     missing = object()
     return any(k not in now for k in saved) or any(saved.get(k, defaults.get(k, missing)) != v for k, v in now.items())

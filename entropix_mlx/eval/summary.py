@@ -20,13 +20,13 @@ import statistics
 from collections import Counter
 
 from ..front.registry import BASELINE
-from ..sampling.selection import vote
-from ..sampling.voting import VOTES
+from ..sampling.selection import SAMPLE_VOTES, vote
+from ..sampling.voting import PRESETS as VOTE_PRESETS
 from .scoring import score
 from .stats import holm, paired_comparison, paired_difference, wilson_interval
 
 CUT_OFF_WARNING = 0.05  # above this share of greedy answers cut off, the limit decides the comparison
-VOTE_NAME = {"majority": "self_consistency", "confidence": "cisc"}
+VOTE_NAME = {preset.selector: name for name, preset in VOTE_PRESETS.items()}  # self_consistency, cisc
 
 
 def mean(values: list) -> float | None:
@@ -69,15 +69,15 @@ def vote_records(record: dict, task, cot: bool, ks, config: dict) -> dict[str, d
         first = samples[:k]
         spent = sum(s["tokens"] for s in first)
         share = spent / max(1, record.get("tokens_spent", spent))
-        for how in VOTES:
+        for selector in SAMPLE_VOTES:
             chosen, _ = vote(
                 [s["answer"] for s in first],
                 [s["mean_logprob"] for s in first],
-                how,
+                selector,
                 config.get("confidence_temperature", 0.1),
             )
             w = first[chosen]
-            out[f"{VOTE_NAME[how]} k={k}"] = {
+            out[f"{VOTE_NAME[selector]} k={k}"] = {
                 **record,
                 "output": w["text"],
                 "extracted": w["answer"],

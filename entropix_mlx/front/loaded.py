@@ -24,7 +24,7 @@ from ..sampling.parameters import check_parameters
 from ..sampling.penalties import make_penalties
 from ..sampling.samplers import Sampler
 from ..sampling.settings import card_data, read_toml
-from .registry import SAMPLER_NAMES, SamplerSpec, build, spec_of
+from .registry import SAMPLER_NAMES, SamplerSpec, build, check_reasoning, spec_of
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ModelCard:
 
 
 @dataclass(frozen=True)
-class Choice:
+class SamplerChoice:
     """What a request asked for, resolved: the sampler that answers, the sampling
     parameters it takes, and a note for each thing that changed."""
 
@@ -59,8 +59,15 @@ class Choice:
     def spec(self) -> SamplerSpec:
         return spec_of(self.name)
 
+    def reasons(self, reasoning: bool) -> bool:
+        """Whether the answering sampler reasons when `reasoning` is asked: an error
+        for a sampler with no reasoning setting (`check_reasoning`); off only where
+        temperature 0 handed the answer to greedy (its note says so)."""
+        check_reasoning(self.asked, reasoning)
+        return reasoning and self.spec.reasoning
 
-def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> Choice:
+
+def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SAMPLER_NAMES) -> SamplerChoice:
     """Sampler `sampler` among `names` with sampling `params` (None values unset),
     each checked against its range. Parameters a sampler does not take are left
     out with a note; temperature 0 hands the answer to greedy with a note."""
@@ -68,11 +75,11 @@ def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SA
     given = check_parameters(params or {})
     if given and not spec.parameters:
         note = f"{', '.join(given)} ignored: the {sampler} sampler takes no sampling parameters"
-        return Choice(sampler, sampler, {}, (note,))
+        return SamplerChoice(sampler, sampler, {}, (note,))
     if given.get("temperature") == 0:
         note = "temperature 0 asks for deterministic answers: the greedy sampler answered"
-        return Choice(sampler, "greedy", {}, (note,))
-    return Choice(sampler, sampler, given, ())
+        return SamplerChoice(sampler, "greedy", {}, (note,))
+    return SamplerChoice(sampler, sampler, given, ())
 
 
 @dataclass
@@ -129,7 +136,7 @@ class LoadedModel:
     def prepare(
         self,
         ids: list[int],
-        choice: Choice | Sampler,
+        choice: SamplerChoice | Sampler,
         max_tokens: int | None = None,
         seed: int = 0,
         penalties: dict | None = None,
@@ -153,8 +160,8 @@ class LoadedModel:
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
             )
-        if isinstance(choice, Choice):
-            reasoning = reasoning and choice.spec.reasoning
+        if isinstance(choice, SamplerChoice):
+            reasoning = choice.reasons(reasoning)
             sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
         else:
             sampler, notes = choice, ()

@@ -13,11 +13,12 @@ from ..decode.deliberate import Deliberator
 from ..decode.voting import Voter
 from ..errors import ConfigError
 from ..sampling.answers import chain_of_thought_answer, default_answer
-from ..sampling.config import CONFIDENCE_SELECTS, SamplerConfig, resolve_config
+from ..sampling.config import CONFIDENCE_SELECTS, PRESETS, SamplerConfig, resolve_config
 from ..sampling.deliberate_config import COT_DECODING, FIRST_TOKEN_VOTE, STAGED, DeliberateConfig, resolve_deliberate
 from ..sampling.entropix import EntropixSampler
 from ..sampling.parameters import PARAMETERS
 from ..sampling.samplers import GreedySampler, MinPSampler, Sampler, TemperatureSampler
+from ..sampling.settings import read_toml
 from ..sampling.strategies import ENTROPIX_NAMES, FALLBACK, unreachable
 from ..sampling.voting import PRESETS as VOTE_PRESETS
 from ..sampling.voting import VoteConfig
@@ -28,6 +29,7 @@ class SamplerSpec:
     name: str
     make: Callable[..., Sampler]  # (spec, card, config, reasoning, tokenizer, overrides) -> Sampler
     settings: type | None = None  # its settings class (a card table), if it has one
+    resolve: Callable | None = None  # (card, config, reasoning, **overrides) -> (settings, source), if it reads a card
     parameters: tuple[str, ...] = ()  # the sampling parameters a request may set for it
     strategies: tuple[str, ...] = ("argmax",)  # what its tokens can be coloured as, legend order
     deterministic: bool = False  # the same answer for every seed
@@ -38,11 +40,18 @@ class SamplerSpec:
     everywhere: bool = True  # run, chat and serve name it (else eval only: it answers only once all its samples are in)
     rule: dict | None = None  # a deliberate rule: the card's [deliberate] with these fields replaced
     preset: object = None  # a fixed preset its settings start from
+    presets: tuple[str, ...] = ()  # names a config may give instead of a file
+    votes: bool = False  # it votes over k samples (eval's --k)
+
+    @property
+    def table(self) -> str | None:
+        """The table of a card (and of a config file) its settings are read from; None: it reads none."""
+        return self.settings.kind if self.reads_card else None
 
 
 def _entropix(spec, card, config, reasoning, tokenizer, overrides):
     overrides.pop("metrics", None)  # Entropix always needs its metrics
-    cfg, source = resolve_config(card, config, reasoning, **overrides)
+    cfg, source = spec.resolve(card, config, reasoning, **overrides)
     return EntropixSampler(cfg, tokenizer, source)
 
 
@@ -72,7 +81,7 @@ def _deliberate(spec, card, config, reasoning, tokenizer, overrides):
     overrides = _whole_answer_settings(overrides)
     if spec.preset is not None:  # whatever the card says
         return Deliberator(spec.preset.replace(**overrides), f"the {spec.name} preset", spec.name)
-    cfg, source = resolve_deliberate(card, config, reasoning, **{**(spec.rule or {}), **overrides})
+    cfg, source = spec.resolve(card, config, reasoning, **{**(spec.rule or {}), **overrides})
     # A chain of thought's candidates are grouped by the number eval's chain-of-thought
     # scoring reads, so that the vote here is the vote of eval's row (its figures).
     return Deliberator(cfg, source, spec.name, chain_of_thought_answer if reasoning else default_answer)
@@ -95,12 +104,13 @@ SAMPLING = tuple(PARAMETERS)
 _DELIBERATE = dict(
     make=_deliberate,
     settings=DeliberateConfig,
+    resolve=resolve_deliberate,
     strategies=("argmax", "split", "branch"),
     deterministic=True,
     whole_answers=True,
     reads_card=True,
 )
-_VOTE = dict(make=_vote, settings=VoteConfig, strategies=("sample",), whole_answers=True, everywhere=False)
+_VOTE = dict(make=_vote, settings=VoteConfig, strategies=("sample",), whole_answers=True, everywhere=False, votes=True)
 
 SAMPLERS = {
     s.name: s
@@ -109,14 +119,16 @@ SAMPLERS = {
             "entropix",
             _entropix,
             SamplerConfig,
+            resolve_config,
             SAMPLING,
             ENTROPIX_NAMES,
             reads_card=True,
             reasoning=True,
+            presets=PRESETS,
         ),
         SamplerSpec("greedy", _greedy, deterministic=True),
-        SamplerSpec("temperature", _baseline(TemperatureSampler), None, SAMPLING, ("sample", "argmax")),
-        SamplerSpec("min_p", _baseline(MinPSampler), None, SAMPLING, ("sample", "argmax")),
+        SamplerSpec("temperature", _baseline(TemperatureSampler), parameters=SAMPLING, strategies=("sample", "argmax")),
+        SamplerSpec("min_p", _baseline(MinPSampler), parameters=SAMPLING, strategies=("sample", "argmax")),
         SamplerSpec("deliberate", **_DELIBERATE, budget=True, reasoning=True),
         *(SamplerSpec(name, **_VOTE, preset=preset) for name, preset in VOTE_PRESETS.items()),
         SamplerSpec("cot_decoding", **{**_DELIBERATE, "reads_card": False}, preset=COT_DECODING),
@@ -133,6 +145,8 @@ SAMPLERS = {
 }
 # What every other sampler is compared with, item by item (it runs once: it never samples).
 BASELINE = "greedy"
+# What answers when a caller names no sampler: run, chat, the server and the Python API.
+DEFAULT_SAMPLER = "entropix"
 # The names run, chat and serve take (every eval preset that can answer one prompt); eval takes every name.
 SAMPLER_NAMES = tuple(n for n, s in SAMPLERS.items() if s.everywhere)
 EVAL_SAMPLER_NAMES = tuple(SAMPLERS)
@@ -150,6 +164,46 @@ def names_where(**facts) -> tuple[str, ...]:
     return tuple(n for n, s in SAMPLERS.items() if all(getattr(s, k) == v for k, v in facts.items()))
 
 
+REASONING_NAMES = names_where(reasoning=True)
+
+
+def check_reasoning(names: str | tuple[str, ...] | list[str], reasoning: bool) -> None:
+    """The one rule for `reasoning`, in the CLI, the Python API and the server alike:
+    asked of a sampler with no reasoning setting, it is an error (ConfigError),
+    never dropped. `names`: the sampler asked for, or eval's list, where it sets
+    those that have one and is an error only when none has."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if reasoning and not any(SAMPLERS[n].reasoning for n in names):
+        which = f"the {names[0]} sampler has no" if len(names) == 1 else f"none of {', '.join(names)} has a"
+        raise ConfigError(
+            f"{which} reasoning setting; drop reasoning or choose {' or '.join(REASONING_NAMES)}, which have one"
+        )
+
+
+def config_sets(name: str, config) -> bool:
+    """Whether `config` (a preset's name or a TOML file) sets sampler `name`: entropix
+    reads any (a file's top level or its [sampler] table), the others that read a card
+    only a file with their table."""
+    spec = SAMPLERS[name]
+    if config is None or spec.table is None:
+        return False
+    if spec.table == SamplerConfig.kind:
+        return True
+    return str(config).endswith(".toml") and spec.table in read_toml(config)
+
+
+def read_settings(name: str, card=None, config=None, reasoning: bool = False, **overrides):
+    """`(settings, source)`: what sampler `name` reads from `card` under `config` and
+    `overrides` (None values unset), without building it, so that a mistake in a card
+    or a config file fails before a model loads; None for one that reads no card."""
+    spec = spec_of(name)
+    check_reasoning(name, reasoning)
+    if spec.table is None:
+        return None
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return spec.resolve(card, config, reasoning, **{**(spec.rule or {}), **overrides})
+
+
 def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = False, **overrides) -> Sampler:
     """Sampler `name` with the settings of `card` under `config` (the samplers that
     read the card: a .toml file, or for entropix a preset name or a SamplerConfig)
@@ -160,8 +214,7 @@ def build(name: str, tokenizer=None, card=None, config=None, reasoning: bool = F
     thought's (`answers.chain_of_thought_answer`, with a config file too);
     `tokenizer`: the model's (entropix's thinking text is in its tokens)."""
     spec = spec_of(name)
-    if reasoning and not spec.reasoning:
-        raise ConfigError(f"the {name} sampler has no reasoning setting (entropix and deliberate have one)")
+    check_reasoning(name, reasoning)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return spec.make(spec, card, config if spec.reads_card else None, reasoning, tokenizer, overrides)
 

@@ -9,7 +9,7 @@ from .candidates import top_candidates
 from .deliberate_config import DeliberateConfig
 from .gate import STOPPED, below
 from .metrics import attention_metrics, fused_logprobs_entropy
-from .samplers import GREEDY_PARAMS, Choice, Step, sanitize_logits
+from .samplers import GREEDY_PARAMS, Step, TokenChoice, sanitize_logits
 
 
 class BranchSampler:
@@ -19,7 +19,7 @@ class BranchSampler:
     `first_stage`, those past the first stage go to its first token's
     metrics["deferred"] instead, as (token, logprob). `first_token`: a later
     stage's row, which takes that token first and then continues greedily.
-    `top`: how many of the most likely tokens each choice records (`Choice.top`,
+    `top`: how many of the most likely tokens each choice records (`TokenChoice.top`,
     eval's records), taken from the candidates it ranks anyway. `measure`: every
     step also records the attention metrics (eval's records, for replaying
     gates offline). `defer`: the root of a gated run, which spawns nothing and puts
@@ -50,7 +50,7 @@ class BranchSampler:
         self.branches = 0  # branch rows started by this answer
         self.own: list[float] = []  # the log-probabilities of its tokens (running_stop)
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def choose(self, step: Step, key: mx.array) -> TokenChoice:
         c = self.config
         logits, _ = sanitize_logits(step.logits)
         logprobs = logits - mx.logsumexp(logits)
@@ -72,12 +72,12 @@ class BranchSampler:
             spawn, metrics["deferred"] = spawn[:keep], spawn[keep:]
         metrics["spawned"] = len(spawn)
         if self.first_token is not None and not step.tokens:
-            choice = Choice(
+            choice = TokenChoice(
                 [self.first_token], "branch", [logprobs[self.first_token].item()], metrics, dict(GREEDY_PARAMS)
             )
         else:
             spawned = [(t, lp, metrics) for t, lp in spawn]
-            choice = Choice([ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=spawned)
+            choice = TokenChoice([ids[0]], "argmax", [values[0]], metrics, dict(GREEDY_PARAMS), spawn=spawned)
         choice.top = list(zip(ids[: self.top], values[: self.top], strict=True))
         if self.floor is not None:
             self.own.append(choice.logprobs[0])

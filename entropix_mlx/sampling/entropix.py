@@ -70,7 +70,7 @@ from .constraint import constrained
 from .metrics import ATTENTION_METRICS, LOG2E, METRIC_NAMES, attention_metrics, logits_entropy, select_layers
 from .repetition import path_repeats, repeat_counts
 from .rollout import branch
-from .samplers import GREEDY_PARAMS, LOGIT_NOTES, Choice, Step, TwoPhaseSampler, sanitize_logits
+from .samplers import GREEDY_PARAMS, LOGIT_NOTES, Step, TokenChoice, TwoPhaseSampler, sanitize_logits
 from .strategies import ENTROPIX_NAMES, decide
 
 NATS_TO_BITS = LOG2E
@@ -281,7 +281,7 @@ class EntropixSampler(TwoPhaseSampler):
 
     # -- the decision -------------------------------------------------------------
 
-    def finish(self, step: Step, plan: dict) -> Choice:
+    def finish(self, step: Step, plan: dict) -> TokenChoice:
         """The decision from the evaluated `plan` (the batch engine evaluates every
         row's plan at once): the strategy table, the candidate scores, and any
         rollout or insertion."""
@@ -335,7 +335,7 @@ class EntropixSampler(TwoPhaseSampler):
             )
             out, lps, params = [tokens["adaptive"][best]], [logprobs["adaptive"][best]], params_of("adaptive")
         self._just_inserted = inserted
-        return Choice(
+        return TokenChoice(
             list(out),
             strategy,
             list(lps),

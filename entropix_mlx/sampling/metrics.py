@@ -19,7 +19,7 @@ import mlx.core as mx
 LOG2E = 1.0 / math.log(2.0)
 
 
-# Names as they appear in Choice.metrics, TokenEvent.to_dict() and JSON output.
+# Names as they appear in TokenChoice.metrics, TokenEvent.to_dict() and JSON output.
 METRIC_NAMES = ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength")
 
 

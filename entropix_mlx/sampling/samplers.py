@@ -1,6 +1,6 @@
 """The sampler protocol and the baseline samplers (greedy, temperature, min_p).
 
-A sampler looks at one decoding step (`Step`) and returns a `Choice`: the tokens
+A sampler looks at one decoding step (`Step`) and returns a `TokenChoice`: the tokens
 to append (usually one; a thinking insertion or an accepted branch may give
 several), the strategy that chose them and the parameters actually used.
 """
@@ -33,7 +33,9 @@ class Step:
 
 
 @dataclass
-class Choice:
+class TokenChoice:
+    """What a sampler chose at one step: the token(s) to append and how it chose them."""
+
     tokens: list[int]
     strategy: str
     logprobs: list[float]  # log p (nats) of each token under the model
@@ -66,7 +68,7 @@ class Sampler(Protocol):
     """`choose` is all a sampler needs. A sampler may also split it in two, so
     that the batch engine (decode/group.py) evaluates every row's decision graph in one host sync rather
     than one per row: `plan(step, key)` builds the decision's lazy arrays and
-    `finish(step, plan)` turns them, evaluated, into a `Choice` (it may still
+    `finish(step, plan)` turns them, evaluated, into a `TokenChoice` (it may still
     run the model, as Entropix's branch rollouts do). Then `choose` must equal
     `finish(step, eval(plan(step, key)))`."""
 
@@ -75,14 +77,14 @@ class Sampler(Protocol):
     def reset(self) -> None:
         """Forget per-answer state (e.g. how many thinking tokens were inserted)."""
 
-    def choose(self, step: Step, key: mx.array) -> Choice: ...
+    def choose(self, step: Step, key: mx.array) -> TokenChoice: ...
 
 
 class TwoPhaseSampler:
     """Base of the samplers that plan and finish (see `Sampler`): `choose` is
     the two phases with one host sync between them."""
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def choose(self, step: Step, key: mx.array) -> TokenChoice:
         plan = self.plan(step, key)
         mx.eval(plan)  # the step's one host sync
         return self.finish(step, plan)
@@ -96,7 +98,7 @@ def plans_in_two_phases(sampler) -> bool:
     return owner is TwoPhaseSampler
 
 
-def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> list[Choice]:
+def choose_together(samplers: list, steps: list[Step], keys: list[mx.array]) -> list[TokenChoice]:
     """Every row's decision, with one host sync for all the two-phase samplers
     (see `Sampler`); each row's own graph, key and state, so each choice equals
     what `choose` alone gives."""
@@ -209,7 +211,7 @@ def _finish(plan: dict) -> tuple[int, float, dict, str]:
 class GreedySampler(TwoPhaseSampler):
     """The most likely token. `metrics=False` skips the six Entropix metrics
     (to time the bare engine); `logprobs=False` also skips the token's
-    log-probability (None in the Choice), for callers that never read it (eval's
+    log-probability (None in the TokenChoice), for callers that never read it (eval's
     accuracy runs): a greedy decision is then an argmax, not the three passes
     over the vocabulary of a log-sum-exp."""
 
@@ -243,7 +245,7 @@ class GreedySampler(TwoPhaseSampler):
             "check": mx.stack([logits.max(axis=-1), logits.sum(axis=-1)], axis=-1),
         }
 
-    def finish(self, step: Step, plan: dict) -> Choice:
+    def finish(self, step: Step, plan: dict) -> TokenChoice:
         if "check" in plan:  # argmax only; a stacked plan's row comes as Python numbers
             token, check, note = plan["token"], plan["check"], ""
             token = token.item() if isinstance(token, mx.array) else token
@@ -254,9 +256,9 @@ class GreedySampler(TwoPhaseSampler):
                 chosen = mx.argmax(logits)
                 mx.eval(chosen, code)
                 token, note = chosen.item(), LOGIT_NOTES[code.item()]
-            return Choice([token], "argmax", [None], {}, params=dict(GREEDY_PARAMS), note=note)
+            return TokenChoice([token], "argmax", [None], {}, params=dict(GREEDY_PARAMS), note=note)
         token, logprob, metrics, note = _finish(plan)
-        return Choice([token], "argmax", [logprob], metrics, params=dict(GREEDY_PARAMS), note=note)
+        return TokenChoice([token], "argmax", [logprob], metrics, params=dict(GREEDY_PARAMS), note=note)
 
 
 class TemperatureSampler(TwoPhaseSampler):
@@ -283,11 +285,11 @@ class TemperatureSampler(TwoPhaseSampler):
         token = mx.random.categorical(logprobs, key=key)
         return _plan(token, _logprob(logits, token), _baseline_metrics(logits, step, self.metrics), code)
 
-    def finish(self, step: Step, plan: dict) -> Choice:
+    def finish(self, step: Step, plan: dict) -> TokenChoice:
         if self.params["temperature"] == 0:
             return GreedySampler(self.metrics).finish(step, plan)
         token, logprob, metrics, note = _finish(plan)
-        return Choice([token], "sample", [logprob], metrics, params=dict(self.params), note=note)
+        return TokenChoice([token], "sample", [logprob], metrics, params=dict(self.params), note=note)
 
 
 class MinPSampler(TemperatureSampler):

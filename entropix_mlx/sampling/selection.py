@@ -115,6 +115,8 @@ def answer_token_span(tokenizer, tokens: list[int], answer: str | None) -> list[
 # same sum, so the winner is the same, and each weight is known as soon as its
 # candidate ends (what stopping early needs).
 VOTE_SELECTORS = ("vote", "weighted_vote", "confidence_vote", "lowest_group_vote")
+# The votes a sample's mean log-probability is enough for: self-consistency's and CISC's.
+SAMPLE_VOTES = ("vote", "confidence_vote")
 
 
 def lowest_group(logprobs: list[float], window: int) -> float:
@@ -367,11 +369,14 @@ def confidence_weights(mean_logprobs: Sequence[float], temperature: float) -> li
     return [r / total for r in raw]
 
 
-def vote(answers: Sequence[str | None], mean_logprobs: Sequence[float], how: str, temperature: float = 0.1):
-    """(index of the sample whose answer wins, {answer: its votes}). Samples
+def vote(answers: Sequence[str | None], mean_logprobs: Sequence[float], selector: str, temperature: float = 0.1):
+    """(index of the sample whose answer wins, {answer: its votes}) under a vote
+    selector of `SAMPLE_VOTES` (CISC's weights a softmax: they sum to 1). Samples
     without an answer do not vote; ties go to the answer given first. With
     no answer at all, sample 0 and no votes."""
-    weights = [1.0] * len(answers) if how == "majority" else confidence_weights(mean_logprobs, temperature)
+    if selector not in SAMPLE_VOTES:
+        raise ValueError(f"{selector!r} is not a vote over samples; choose one of: {', '.join(SAMPLE_VOTES)}")
+    weights = [1.0] * len(answers) if selector == "vote" else confidence_weights(mean_logprobs, temperature)
     votes: dict[str, float] = {}
     for answer, w in zip(answers, weights, strict=True):
         if answer is not None:

@@ -104,14 +104,24 @@ def read_toml(path) -> dict:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 
+def _renamed(data: dict, names: dict, values: dict) -> dict:
+    """`data` with its keys renamed by `names` and, under a key's new name, its string values by `values`."""
+    out = {}
+    for key, value in data.items():
+        key = names.get(key, key)
+        out[key] = values.get(key, {}).get(value, value) if isinstance(value, str) else value
+    return out
+
+
 class Settings:
     """The base of a frozen dataclass of settings. `kind` names them in errors
     ("sampler setting ...") and is their table in a TOML file ([sampler])."""
 
     kind: ClassVar[str]
-    # A setting's earlier name -> its name now: cards and config files written
-    # before a rename still read.
+    # A setting's earlier name -> its name now, and a setting's earlier values -> its
+    # values now: cards, config files and records written before a rename still read.
     renamed: ClassVar[dict[str, str]] = {}
+    renamed_values: ClassVar[dict[str, dict[str, str]]] = {}
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> Self:
@@ -138,9 +148,16 @@ class Settings:
 
     @classmethod
     def current_names(cls, data: dict) -> dict:
-        """`data` with earlier names of settings replaced by their names now (a
-        later key wins, as it would under one name)."""
-        return {cls.renamed.get(k, k): v for k, v in data.items()}
+        """`data` with earlier names of settings, and earlier values, replaced by
+        their names now (a later key wins, as it would under one name)."""
+        return _renamed(data, cls.renamed, cls.renamed_values)
+
+    @classmethod
+    def earlier_names(cls, data: dict) -> dict:
+        """`data` (names now) as written before the renames: what a hash logged then was taken of."""
+        names = {now: old for old, now in cls.renamed.items()}
+        values = {names.get(k, k): {now: old for old, now in m.items()} for k, m in cls.renamed_values.items()}
+        return _renamed(data, names, values)
 
     @classmethod
     def from_toml(cls, path, base: Self | None = None) -> Self:

@@ -9,7 +9,7 @@ softmax(c / confidence_temperature) over the k samples. The vote itself is
 answer selection's (selection.py), shared with deliberate.
 
 The k answers share one prefill: the root row draws k first tokens
-independently and starts a row for each but its own (`Choice.spawn`), each
+independently and starts a row for each but its own (`TokenChoice.spawn`), each
 continuing on a copy of the root's cache with its own key chain.
 """
 
@@ -17,21 +17,23 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .samplers import Choice, Step, TemperatureSampler, filtered_logprobs, sanitize_logits
+from .samplers import Step, TemperatureSampler, TokenChoice, filtered_logprobs, sanitize_logits
+from .selection import SAMPLE_VOTES
 from .settings import Settings, at_least, rule, validate
-
-VOTES = ("majority", "confidence")
 
 
 @dataclass(frozen=True)
 class VoteConfig(Settings):
     kind = "vote"
+    # Selection's one vocabulary (deliberate's selectors): records written before it say vote = majority or confidence.
+    renamed = {"vote": "selector"}
+    renamed_values = {"selector": {"majority": "vote", "confidence": "confidence_vote"}}
 
     k: int = 8  # answers sampled per question
     # The usual chain-of-thought sampling settings of self-consistency.
     temperature: float = 0.7
     top_p: float = 0.95
-    vote: str = "majority"  # "confidence": CISC's weighted vote
+    selector: str = "vote"  # how the samples vote: one each, or "confidence_vote" (CISC's weighted vote)
     confidence_temperature: float = 0.1  # CISC's softmax temperature over the samples' mean log-probabilities
 
     def __post_init__(self):
@@ -42,11 +44,11 @@ RULES = {
     "k": at_least(1),
     "temperature": rule(lambda v: v > 0, "must be > 0 (self-consistency samples)"),
     "top_p": rule(lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "vote": rule(lambda v: v in VOTES, f"choose one of: {', '.join(VOTES)}"),
+    "selector": rule(lambda v: v in SAMPLE_VOTES, f"choose one of: {', '.join(SAMPLE_VOTES)}"),
     "confidence_temperature": rule(lambda v: v > 0, "must be > 0"),
 }
 
-PRESETS = {"self_consistency": VoteConfig(), "cisc": VoteConfig(vote="confidence")}
+PRESETS = {"self_consistency": VoteConfig(), "cisc": VoteConfig(selector="confidence_vote")}
 
 
 class SampleSpawner:
@@ -65,7 +67,7 @@ class SampleSpawner:
     def reset(self):
         self.first = True
 
-    def choose(self, step: Step, key: mx.array) -> Choice:
+    def choose(self, step: Step, key: mx.array) -> TokenChoice:
         first, self.first = self.first, False
         if not (first and self.spawns and self.config.k > 1):
             return self.inner.choose(step, key)
@@ -77,4 +79,4 @@ class SampleSpawner:
         tokens, logprobs = tokens.tolist(), logprobs.tolist()
         spawn = [(t, lp, {}, "sample") for t, lp in zip(tokens[1:], logprobs[1:], strict=True)]
         params = dict(self.inner.params)
-        return Choice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)
+        return TokenChoice([tokens[0]], "sample", [logprobs[0]], {"spawned": len(spawn)}, params, spawn=spawn)

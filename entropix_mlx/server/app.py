@@ -30,7 +30,7 @@ from ..sampling.config import THRESHOLDS, resolve_config
 from ..sampling.constraint import SchemaError
 from .engine import Engine, Job, random_seed
 from .responses import Answer
-from .schema import APIError, config_error, in_schema, parse
+from .schema import APIError, bad, config_error, in_schema, parse
 from .strategies import page_info
 from .transport import MAX_BODY, error_response, read_body, relay, sse, whole_response
 
@@ -80,9 +80,10 @@ class Server:
             # that take none leave them out (with a note) rather than refuse the request.
             choice = choose(p.sampler, p.overrides, SAMPLER_NAMES)
             warnings = list(choice.notes)
-            reasoning = p.reasoning and choice.spec.reasoning
-            if p.reasoning and not reasoning:
-                warnings.append(f"reasoning ignored: the {choice.name} sampler has no reasoning setting")
+            try:
+                reasoning = choice.reasons(p.reasoning)
+            except ConfigError as e:
+                raise bad("reasoning", str(e)) from None
             seed = p.seed if p.seed is not None else random_seed()
             rows = 1 if choice.spec.whole_answers else p.n
             # A call required, or one tool named: the answer is that call, its arguments the tool's.

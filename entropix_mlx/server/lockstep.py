@@ -23,7 +23,7 @@ import time
 
 from ..distributed import World, broadcast_json
 from ..errors import DistributedError
-from ..front import Choice
+from ..front import SamplerChoice
 from .batched import BatchRunner
 from .engine import Engine, Job
 
@@ -53,7 +53,7 @@ class Lockstep:
 
 def rebuild(engine: Engine, recipe: dict) -> Job:
     """Rank 0's job, as `job_recipe` described it, with no client."""
-    choice = Choice(recipe["sampler"], recipe["sampler"], recipe["overrides"])
+    choice = SamplerChoice(recipe["sampler"], recipe["sampler"], recipe["overrides"])
     prepared = engine.loaded.prepare(
         recipe["ids"],
         choice,

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..front import DEFAULT_SAMPLER
 from ..sampling.constraint import strict_problem
 from ..sampling.parameters import PARAMETERS
 
@@ -42,7 +43,7 @@ def bad(param: str, message: str) -> APIError:
 class Params:
     messages: list[dict] | None = None  # chat
     prompt: str | None = None  # completions
-    sampler: str = "entropix"
+    sampler: str = DEFAULT_SAMPLER
     max_tokens: int | None = None
     seed: int | None = None
     overrides: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p (None: unset)
@@ -289,7 +290,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     if model is not None and not isinstance(model, str):
         raise bad("model", f"'model' must be a string, got {model!r}")
     p.model = model
-    sampler = body.get("sampler", "entropix")
+    sampler = body.get("sampler", DEFAULT_SAMPLER)
     if sampler not in sampler_names:
         raise bad("sampler", f"'sampler' must be one of {', '.join(sampler_names)}, got {sampler!r}")
     p.sampler = sampler
