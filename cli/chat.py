@@ -83,7 +83,7 @@ class ChatSession:
         self.sampler = self.make_sampler(choice)
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
-        self.conversation = Conversation(loaded.model, loaded.tokenizer, system=system or None)
+        self.conversation = Conversation(loaded, system=system or None)
         self.interactive = sys.stdin.isatty()
         self.writes_files = True
         self.hinted = False  # the reasoning hint is shown once a session

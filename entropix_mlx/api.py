@@ -21,10 +21,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .decode.prompt import encode_chat
 from .errors import ConfigError
 from .eval.usercard import ensure_card
-from .front import EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose
+from .front import EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose, encode_prompt
 from .model.loading import load as load_files
 from .sampling.config import resolve_config
 from .sampling.entropix import EntropixSampler
@@ -103,7 +102,7 @@ class Response:
 def prompt_ids(tokenizer, prompt) -> list[int]:
     """Token ids: text gets the model's chat template (one user turn)."""
     if isinstance(prompt, str):
-        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+        return encode_prompt(tokenizer, [{"role": "user", "content": prompt}])
     return list(prompt)
 
 

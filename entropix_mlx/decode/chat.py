@@ -6,7 +6,7 @@ compares the result with the token ids the cache already holds, trims the cache
 back to their common prefix and prefills only the rest. In the usual case that
 is the end of the previous answer plus the new user message.
 
-    conversation = Conversation(model, tokenizer, system="Be brief.")
+    conversation = Conversation(loaded, system="Be brief.")   # loaded: front.LoadedModel
     turn = conversation.ask("My name is Ada.", sampler, max_tokens=64)
     for event in turn:          # TokenEvents, as they are generated
         ...
@@ -20,7 +20,6 @@ from ..errors import ConfigError, ContextOverflowError
 from ..model.cache import cache_length, make_cache
 from .events import TokenEvent
 from .generate import Generation, generate
-from .prompt import encode_chat
 
 
 @dataclass
@@ -44,14 +43,21 @@ class Turn:
 
 @dataclass
 class Conversation:
-    model: object
-    tokenizer: object
+    loaded: object  # the front door (front.LoadedModel): it encodes each turn
     system: str | None = None
     max_size: int | None = None  # context length; default the model's own
     turns: list[Turn] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
         self.reset()
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
 
     def reset(self):
         """Forget every turn (the system prompt stays)."""
@@ -87,11 +93,9 @@ class Conversation:
         """Token ids of the history plus `user`, ending with the assistant's header."""
         messages = self.messages + [{"role": "user", "content": user}]
         try:  # special-token text typed by the user (e.g. "<|im_end|>") stays text
-            return encode_chat(self.tokenizer, messages)
-        except ValueError as e:  # transformers raises ValueError when there is no template
-            raise ConfigError(
-                f"this model's tokenizer has no usable chat template ({e}); chat needs an instruction-tuned model"
-            ) from None
+            return self.loaded.encode(messages)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; chat needs an instruction-tuned model") from None
 
     def ask(self, user: str, sampler, max_tokens: int = 256, seed: int = 0, penalties=None) -> Turn:
         """Start a turn: trim the cache to what still matches, return the Turn to iterate.

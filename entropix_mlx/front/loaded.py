@@ -5,7 +5,8 @@ a request, decode it.
 `choose` resolves what a request asks for (the sampler that answers and the
 sampling parameters it takes, with notes on what changed) once per request;
 `LoadedModel.prepare` then builds that sampler with the model's card, clamps the
-answer to the context and makes the penalties."""
+answer to the context (`fit`) and makes the penalties. Prompts are encoded here
+too (`encode_prompt`)."""
 
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,6 +75,29 @@ def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SA
     return Choice(sampler, sampler, given, ())
 
 
+def encode_prompt(tokenizer, messages: list[dict] | None = None, text: str | None = None, tools=None) -> list[int]:
+    """Token ids of chat `messages` (the model's chat template, with OpenAI's
+    `tools` if given: decode/tools.py) or of `text` as is: every prompt of the
+    product is encoded here."""
+    if messages is None:
+        return encode_raw(tokenizer, text)
+    knows = knows_tools(tokenizer)
+    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        messages = template_messages(messages, tools, knows)
+    try:
+        return encode_chat(tokenizer, messages, tools=tools if knows else None)
+    except ValueError as e:  # transformers: no chat template
+        raise ConfigError(f"this model has no chat template ({e})") from None
+
+
+def fit(model, prompt_length: int, max_tokens: int | None = None) -> tuple[int, int]:
+    """(the answer's token limit, the room): what `model`'s context leaves after
+    a prompt of `prompt_length` tokens (0 or less: nothing), and `max_tokens`
+    within it (None: all of it). Every request is fitted to the context here."""
+    room = model.args.max_position_embeddings - prompt_length
+    return (room if max_tokens is None else min(max_tokens, room)), room
+
+
 @dataclass
 class Prepared:
     """One request, ready to decode."""
@@ -113,17 +137,8 @@ class LoadedModel:
         return build(name, self.tokenizer, self.card.ref, config, reasoning, **overrides)
 
     def encode(self, messages: list[dict] | None = None, text: str | None = None, tools=None) -> list[int]:
-        """Token ids of chat `messages` (the model's chat template, with OpenAI's
-        `tools` if given: decode/tools.py) or of `text` as is."""
-        if messages is None:
-            return encode_raw(self.tokenizer, text)
-        knows = knows_tools(self.tokenizer)
-        if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-            messages = template_messages(messages, tools, knows)
-        try:
-            return encode_chat(self.tokenizer, messages, tools=tools if knows else None)
-        except ValueError as e:  # transformers: no chat template
-            raise ConfigError(f"this model has no chat template ({e})") from None
+        """Token ids of chat `messages` or of `text` (see `encode_prompt`)."""
+        return encode_prompt(self.tokenizer, messages, text, tools)
 
     def prepare(
         self,
@@ -144,7 +159,7 @@ class LoadedModel:
         all the context leaves); the penalties (presence, frequency, repetition)
         over the prompt too; with `json_schema`, answers held to it (SchemaError
         for one the grammar engine cannot hold), or with `grammar` (llguidance's Lark)."""
-        room = self.context - len(ids)
+        limit, room = fit(self.model, len(ids), max_tokens)
         if room <= 0:
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
@@ -154,7 +169,6 @@ class LoadedModel:
             sampler, notes = self.sampler(choice.name, config, reasoning, **choice.params, **settings), choice.notes
         else:
             sampler, notes = choice, ()
-        limit = room if max_tokens is None else min(max_tokens, room)
         processor = make_penalties(**(penalties or {}), prompt=ids)
         if json_schema is not None or grammar is not None:
             constraint = self.constraint(json_schema, grammar)
