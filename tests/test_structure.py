@@ -443,3 +443,13 @@ def test_the_call_and_attribute_finders_catch_a_method_a_function_and_a_read():
     )
     assert calls_to(tree, ENCODERS) == [1, 2]
     assert attribute_reads(tree, "max_position_embeddings") == [4]
+
+
+def test_a_model_meets_its_card_in_one_place():
+    found = [
+        f"{rel}:{line}"
+        for rel, tree in sources()
+        if rel != "entropix_mlx/front/loaded.py"
+        for line in calls_to(tree, ("LoadedModel", "ModelCard"))
+    ]
+    assert not found, "bind a model to its card with LoadedModel.bind:\n" + "\n".join(found)

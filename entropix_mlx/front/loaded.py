@@ -6,7 +6,7 @@ a request, decode it.
 sampling parameters it takes, with notes on what changed) once per request;
 `LoadedModel.prepare` then builds that sampler with the model's card, clamps the
 answer to the context (`fit`) and makes the penalties. Prompts are encoded here
-too (`encode_prompt`)."""
+too (`encode_prompt`), and a model meets its card here (`LoadedModel.bind`)."""
 
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -123,6 +123,12 @@ class LoadedModel:
     tokenizer: object
     source: ModelSource
     card: ModelCard
+
+    @classmethod
+    def bind(cls, model, tokenizer, source, card: Path | None = None, kind: str = "none", name: str | None = None):
+        """`model` with its card at `card` (of `kind`, see `ModelCard`; None: none,
+        the defaults run), named `name` (default: the source's name)."""
+        return cls(model, tokenizer, source, ModelCard(name or source.name, card, kind, tokenizer))
 
     @property
     def name(self) -> str:
