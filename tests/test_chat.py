@@ -5,7 +5,7 @@ import json
 
 import mlx.core as mx
 import pytest
-from conftest import make_loaded
+from conftest import make_loaded, make_tiny_model
 
 from entropix_mlx.decode.chat import Conversation, common_prefix_length
 from entropix_mlx.decode.generate import generate
@@ -142,8 +142,8 @@ def test_reset_starts_over_and_keeps_the_system_prompt(tiny_model, tiny_tokenize
     assert conversation.messages[0] == {"role": "system", "content": "sys"}
 
 
-def test_history_longer_than_the_context_is_refused_before_touching_the_cache(tiny_model, tiny_tokenizer):
-    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"), max_size=64)
+def test_history_longer_than_the_context_is_refused_before_touching_the_cache(tiny_tokenizer):
+    conversation = Conversation(make_loaded(make_tiny_model(max_position_embeddings=64), tiny_tokenizer, "tiny.gguf"))
     conversation.reply("hi", ScriptedSampler("ok"), max_tokens=4)
     cached = list(conversation.cached_tokens)
     with pytest.raises(ContextOverflowError, match="/reset"):
@@ -152,19 +152,35 @@ def test_history_longer_than_the_context_is_refused_before_touching_the_cache(ti
     assert cache_length(conversation.cache) == len(cached)
 
 
-def test_overflow_during_an_answer_keeps_the_partial_answer(tiny_model, tiny_tokenizer):
-    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"), max_size=40)
-    turn = conversation.ask("hello there", GreedySampler(), max_tokens=100)
-    with pytest.raises(ContextOverflowError):
-        for _ in turn:
-            pass
-    conversation.finish(turn)
-    assert 0 < len(turn.generation.tokens) < 100
-    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == 40
-    with pytest.raises(ContextOverflowError):
+def test_an_answer_stops_where_the_context_ends_as_in_run(tiny_tokenizer):
+    # The turn is prepared as `run` prepares its prompt: max_tokens within what the context leaves.
+    conversation = Conversation(make_loaded(make_tiny_model(max_position_embeddings=40), tiny_tokenizer, "tiny.gguf"))
+    turn = conversation.reply("hello there", GreedySampler(), max_tokens=100)
+    assert turn.finish_reason == turn.generation.summary().finish_reason == "context"
+    assert len(turn.prompt_tokens) + len(turn.generation.tokens) == 40
+    # The cache holds all of it but the last answer token, which never ran through the model.
+    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == 39
+    with pytest.raises(ContextOverflowError, match="/reset"):
         conversation.ask("more", GreedySampler())
     conversation.reset()
     assert conversation.reply("ok", GreedySampler(), max_tokens=2).prefilled > 0
+
+
+def test_an_answer_within_the_context_keeps_its_own_finish(tiny_model, tiny_tokenizer):
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
+    assert conversation.reply("hi", GreedySampler(), max_tokens=3).finish_reason == "length"
+    assert conversation.reply("ok", ScriptedSampler("a"), max_tokens=300).finish_reason == "eos"
+
+
+def test_the_penalties_see_the_whole_conversation(tiny_model, tiny_tokenizer):
+    # Repetition 50 over the conversation: no answer token repeats one of the history's.
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
+    for user in ("abcabc", "more"):
+        turn = conversation.ask(user, GreedySampler(), max_tokens=6, penalties={"repetition": 50.0})
+        list(turn)
+        conversation.finish(turn)
+    assert turn.prepared.penalties.prompt == tuple(turn.prompt_tokens[-64:])
+    assert not set(turn.generation.tokens) & set(turn.prompt_tokens[-64:])
 
 
 def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):

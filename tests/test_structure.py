@@ -453,3 +453,15 @@ def test_a_model_meets_its_card_in_one_place():
         for line in calls_to(tree, ("LoadedModel", "ModelCard"))
     ]
     assert not found, "bind a model to its card with LoadedModel.bind:\n" + "\n".join(found)
+
+
+def test_chat_reaches_its_conversation_through_the_front_door(package):
+    # LoadedModel.conversation: each turn is encoded and prepared by the loaded model, as `run`'s prompt is.
+    found = [
+        m.name
+        for m in package.values()
+        if ("entropix_mlx.decode.chat", "Conversation") in imported_names(m)
+        and not m.name.startswith(("entropix_mlx.decode", "entropix_mlx.front"))
+    ]
+    assert not found, "these make a Conversation themselves; use LoadedModel.conversation:\n" + "\n".join(found)
+    assert ("entropix_mlx.decode.generate", "generate") not in imported_names(package["entropix_mlx.decode.chat"])

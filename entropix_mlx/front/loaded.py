@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from ..decode.chat import Conversation
 from ..decode.forced import forced_signals
 from ..decode.generate import generate
 from ..decode.prompt import encode_chat, encode_raw
 from ..decode.tools import knows_tools, template_messages
 from ..errors import ConfigError, ContextOverflowError
+from ..model.cache import cache_length
 from ..model.loading import ModelSource
 from ..sampling.cards import CardDocument
 from ..sampling.constraint import Chain, Constraint, grammar_tokenizer, json_grammar, lark_grammar
@@ -203,14 +205,21 @@ class LoadedModel:
         return Constraint(grammar, tokenizer, self.model.args.vocab_size)
 
     def penalties(self, presence=None, frequency=None, repetition=None, prompt=()):
-        """The penalties asked for over `prompt` (None: off): for a caller that
-        keeps its own prompt across turns (chat)."""
+        """The penalties asked for over `prompt` (None: off): what `prepare` makes
+        of its `penalties` (chat's /save records them)."""
         return make_penalties(presence, frequency, repetition, prompt=prompt)
 
     def generate(self, prepared: Prepared, cache=None):
-        """A `Generation` of the prepared request (iterate it for token events)."""
-        p = prepared
-        return generate(self.model, self.tokenizer, p.ids, p.sampler, p.max_tokens, p.seed, cache, p.penalties)
+        """A `Generation` of the prepared request (iterate it for token events).
+        `cache` may hold the prompt's first tokens (a conversation's earlier
+        turns): only the rest is prefilled."""
+        p, start = prepared, 0 if cache is None else cache_length(cache)
+        return generate(self.model, self.tokenizer, p.ids[start:], p.sampler, p.max_tokens, p.seed, cache, p.penalties)
+
+    def conversation(self, system: str | None = None) -> Conversation:
+        """A conversation with this model that keeps its KV cache between turns,
+        each turn prepared here (decode/chat.py)."""
+        return Conversation(self, system)
 
     def forced(self, prompt: list[int], answer: list[int], hidden_at: tuple[int, ...] = ()) -> dict:
         """What the model thought at each token of `answer` after `prompt`, in one
