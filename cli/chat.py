@@ -1,7 +1,8 @@
 """`entropix-mlx chat`: a multi-turn conversation in the terminal, or scripted
 through a pipe (one user message per line).
 
-The KV cache stays between turns (entropix_mlx.decode.chat.Conversation): a turn runs
+The KV cache stays between turns (entropix_mlx.decode.chat.Conversation, each turn
+prepared by the loaded model as `run` prepares its prompt): a turn runs
 only the tokens the cache does not hold yet. Everything goes to stdout, which is
 the session's transcript; only start-up errors go to stderr.
 """
@@ -13,7 +14,6 @@ from pathlib import Path
 import typer
 
 from entropix_mlx.accel.weights import default_weights
-from entropix_mlx.decode.chat import Conversation
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError, EntropixError
 from entropix_mlx.files import write_atomic
@@ -77,13 +77,14 @@ class ChatSession:
         penalties=None,
         verbose=False,
     ):
-        self.loaded, self.penalties, self.verbose = loaded, penalties, verbose
+        self.loaded, self.verbose = loaded, verbose
+        self.penalties = penalties or {}  # presence, frequency, repetition, as asked (LoadedModel.prepare)
         self.source, self.tokenizer = loaded.source, loaded.tokenizer
         self.sampler_options = sampler_options  # config path and CLI overrides, for /sampler
         self.sampler = self.make_sampler(choice)
         self.max_tokens = max_tokens
         self.base_seed = self.next_seed = seed
-        self.conversation = Conversation(loaded.model, loaded.tokenizer, system=system or None)
+        self.conversation = loaded.conversation(system or None)
         self.interactive = sys.stdin.isatty()
         self.writes_files = True
         self.hinted = False  # the reasoning hint is shown once a session
@@ -168,7 +169,7 @@ class ChatSession:
                     raise
 
     def answer(self, text: str):
-        turn, problem, interrupted, shown = None, None, None, 0
+        turn, full, interrupted, shown = None, False, None, 0
         try:
             turn = self.conversation.ask(
                 text, self.sampler, max_tokens=self.max_tokens, seed=self.next_seed, penalties=self.penalties
@@ -190,16 +191,14 @@ class ChatSession:
             if turn is None:  # refused before anything ran
                 self.meta(f"context full: {e}")
                 return
-            problem = (
-                f"context full: the conversation reached {self.conversation.context_size} tokens; "
-                "/reset to start a new conversation"
-            )
+            full = True  # a branch rollout looked past the end of the context
         if turn is None:  # Ctrl-C before the turn began
             self.conversation.recover()
             self.out.print()
             self.meta("interrupted")
         else:
             self.conversation.finish(turn, interrupted=interrupted is not None)
+            full = full or turn.finish_reason == "context"  # the answer stopped where the context ends
             self.out.print()
             summary = turn.generation.summary()
             confidence = self.loaded.confidence([e.to_dict() for e in turn.events], summary.finish_reason)
@@ -210,8 +209,11 @@ class ChatSession:
             if getattr(summary, "deliberation", None):  # deliberate: why it chose
                 self.out.print(deliberation_table(summary.deliberation, self.color))
             self.hint_reasoning(text, turn)
-            if problem:
-                self.meta(problem)
+            if full:
+                self.meta(
+                    f"context full: the conversation reached {self.conversation.context_size} tokens; "
+                    "/reset to start a new conversation"
+                )
         if isinstance(interrupted, Terminated):  # SIGTERM: the answer so far is shown; now leave
             raise interrupted
 
@@ -298,8 +300,11 @@ class ChatSession:
         self.conversation.system = arg or None
         self.meta(f"system prompt: {arg}" if arg else "system prompt removed")
 
-    def penalties_given(self) -> dict:
-        p = self.penalties
+    def penalties_given(self) -> dict | None:
+        """The penalties as they act (None: off), for /save."""
+        p = self.loaded.penalties(**self.penalties)
+        if p is None:
+            return None
         return {"presence": p.presence, "frequency": p.frequency, "repetition": p.repetition, "window": p.window}
 
     def save(self, arg):
@@ -314,7 +319,7 @@ class ChatSession:
             "model": self.source.name,
             "sampler": self.sampler.name,
             "seed": self.base_seed,
-            **({"penalties": self.penalties_given()} if self.penalties is not None else {}),
+            **({"penalties": given} if (given := self.penalties_given()) is not None else {}),
             **self.conversation.transcript(),
         }
         path = Path(arg).expanduser()
@@ -360,7 +365,7 @@ def chat(
     w = world()  # every rank reads the same lines (mlx.launch gives each the terminal's input); rank 0 prints
     quiet_unless_root(w)
     options = {"config": config, "params": params, "budget": budget, "reasoning": reasoning}
-    penalties = loaded.penalties(presence_penalty, frequency_penalty, repetition_penalty)
+    penalties = dict(presence=presence_penalty, frequency=frequency_penalty, repetition=repetition_penalty)
     session = ChatSession(loaded, choice, options, max_tokens, seed, system, no_color, penalties, verbose)
     session.writes_files = w.root
     try:

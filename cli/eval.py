@@ -13,6 +13,7 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.distributed import check_same_model, world
 from entropix_mlx.errors import ConfigError
+from entropix_mlx.front import fit
 from entropix_mlx.front.registry import (
     BASELINE,
     DEFAULT_SAMPLER,
@@ -232,7 +233,7 @@ def eval_command(
     loaded = ctx.obj.load(model, weights, card=card, cache=not no_cache)
     llm, tokenizer, source = loaded.model, loaded.tokenizer, loaded.source
     if cot_default:
-        max_tokens = _room_to_reason(llm, tokenizer, task_list, max_tokens)
+        max_tokens = _room_to_reason(loaded, task_list, max_tokens)
 
     def factory(name):  # the records hold each token's log-probability, never its metrics
         spec = spec_of(name)
@@ -342,12 +343,10 @@ def _task_list(open_text, tasks, builtin, split, items, limit) -> tuple[list, Pa
     return task_list, path
 
 
-def _room_to_reason(llm, tokenizer, task_list, max_tokens: int) -> int:
+def _room_to_reason(loaded, task_list, max_tokens: int) -> int:
     """The default chain-of-thought budget, within what a small model's context leaves."""
-    from entropix_mlx.decode.prompt import encode_chat
-
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(True)}]) for t in task_list]
-    return max(1, min(max_tokens, llm.args.max_position_embeddings - max(map(len, prompts))))
+    longest = max(len(loaded.encode([{"role": "user", "content": t.prompt_text(True)}])) for t in task_list)
+    return max(1, fit(loaded.model, longest, max_tokens)[0])
 
 
 def _report(results: dict, as_json: bool, open_text: bool, plot: Path | None) -> None:

@@ -3,7 +3,6 @@ with its card), the header line that says what runs, and the quiet ranks of a la
 
 import os
 import sys
-from dataclasses import replace
 
 import mlx.core as mx
 
@@ -11,7 +10,7 @@ from entropix_mlx.accel import weights as backend
 from entropix_mlx.accel.blas import blas_name, blas_refused
 from entropix_mlx.accel.weights import weights_format
 from entropix_mlx.distributed import check_same_model, world
-from entropix_mlx.front import LoadedModel, ModelCard, deterministic
+from entropix_mlx.front import LoadedModel, deterministic
 from entropix_mlx.front.registry import same_for_every_seed, seeded_strategies
 from entropix_mlx.model.loading import load, resolve
 from entropix_mlx.model.sharding import shard
@@ -49,12 +48,12 @@ class Shelf:
             if len(key) > 2:
                 shard(model, w.group)
             warm_up_compiler()
-            self.loaded[key] = LoadedModel(model, tokenizer, source, ModelCard(source.name, None, "none", tokenizer))
+            self.loaded[key] = LoadedModel.bind(model, tokenizer, source)
         loaded = self.loaded[key]
         if card and key not in self.carded:
             status = ensure_model_card(loaded.model, loaded.tokenizer, loaded.source)
-            loaded = self.loaded[key] = replace(
-                loaded, card=ModelCard(loaded.name, status.path, status.kind, loaded.tokenizer)
+            loaded = self.loaded[key] = LoadedModel.bind(
+                loaded.model, loaded.tokenizer, loaded.source, status.path, status.kind
             )
             self.carded.add(key)
         return loaded

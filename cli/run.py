@@ -15,11 +15,10 @@ import typer
 from entropix_mlx.accel.weights import default_weights
 from entropix_mlx.decode.events import plain
 from entropix_mlx.decode.fields import json_fields
-from entropix_mlx.decode.prompt import encode_chat, encode_raw
 from entropix_mlx.distributed import world
 from entropix_mlx.errors import ConfigError, ContextOverflowError
 from entropix_mlx.files import write_atomic
-from entropix_mlx.front import DEFAULT_SAMPLER, choose, deterministic
+from entropix_mlx.front import DEFAULT_SAMPLER, choose, deterministic, encode_prompt
 from entropix_mlx.front.registry import sampler_legend
 from entropix_mlx.sampling.answers import looks_like_chain_of_thought
 
@@ -79,11 +78,11 @@ def prompt_tokens(tokenizer, prompt: str, system: str | None, raw: bool) -> list
     """--raw: the text as is, control tokens written in it parsed. Otherwise the
     chat template, with `<|im_end|>` and the like in the user's text kept as text."""
     if raw:
-        return encode_raw(tokenizer, prompt)
+        return encode_prompt(tokenizer, text=prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     try:
-        return encode_chat(tokenizer, messages)
-    except ValueError:  # transformers: no chat template
+        return encode_prompt(tokenizer, messages)
+    except ConfigError:  # no chat template
         raise ConfigError("this model has no chat template; use --raw to send the prompt as is") from None
 
 

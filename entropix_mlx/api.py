@@ -21,10 +21,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .decode.prompt import encode_chat
 from .errors import ConfigError
 from .eval.usercard import ensure_card
-from .front import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLER, EVAL_SAMPLER_NAMES, LoadedModel, ModelCard, build, choose
+from .front import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLER, EVAL_SAMPLER_NAMES, LoadedModel, build, choose, encode_prompt
 from .model.loading import load as load_files
 from .sampling.config import resolve_config
 from .sampling.entropix import EntropixSampler
@@ -43,7 +42,7 @@ def load_model(
     in the user cache and read from there on later loads (`cache=False`: the file itself)."""
     model, tokenizer, source = load_files(path_or_alias, return_source=True, weights=weights, cache=cache)
     status = ensure_card(model, tokenizer, source, progress=progress, warn=warnings.warn)
-    loaded = LoadedModel(model, tokenizer, source, ModelCard(source.name, status.path, status.kind, tokenizer))
+    loaded = LoadedModel.bind(model, tokenizer, source, status.path, status.kind)
     model.entropix_card, model.entropix_loaded = loaded.card, loaded
     return loaded
 
@@ -103,7 +102,7 @@ class Response:
 def prompt_ids(tokenizer, prompt) -> list[int]:
     """Token ids: text gets the model's chat template (one user turn)."""
     if isinstance(prompt, str):
-        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+        return encode_prompt(tokenizer, [{"role": "user", "content": prompt}])
     return list(prompt)
 
 
@@ -117,8 +116,7 @@ def stream_generate(
     ids = prompt_ids(tokenizer, prompt)
     loaded = getattr(model, "entropix_loaded", None)
     if loaded is None or loaded.tokenizer is not tokenizer:
-        card = getattr(model, "entropix_card", None) or ModelCard(getattr(model, "name", "model"), None, "none")
-        loaded = LoadedModel(model, tokenizer, None, card)
+        loaded = LoadedModel.bind(model, tokenizer, None, name=getattr(model, "name", "model"))
     sampler = sampler or make_sampler(DEFAULT_SAMPLER, model=model)
     prepared = loaded.prepare(ids, sampler, max_tokens, seed, json_schema=json_schema)
     generation = loaded.generate(prepared)

@@ -42,14 +42,14 @@ SETS = [(2, False), (3, False), (4, False), (4, True)]  # first-token alternativ
 
 def generate(path, limit, split="dev", max_tokens=32, batch_size=8):
     from entropix_mlx import load
-    from entropix_mlx.decode.prompt import encode_chat
     from entropix_mlx.decode.rows import Request
     from entropix_mlx.eval import builtin_tasks_path, load_tasks, score, select_split
+    from entropix_mlx.front import encode_prompt
 
     tasks = select_split(load_tasks(builtin_tasks_path()), split)[:limit]
     model, tokenizer = load()
     requests = [
-        Request(encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]), 0, max_tokens) for t in tasks
+        Request(encode_prompt(tokenizer, [{"role": "user", "content": t.prompt_text()}]), 0, max_tokens) for t in tasks
     ]
     with open(path, "w") as f:
         for i, d, seconds in deliberate_batch(

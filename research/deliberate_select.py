@@ -46,7 +46,7 @@ def certainty(folder):
     import mlx.core as mx
 
     from entropix_mlx import load
-    from entropix_mlx.decode.prompt import encode_chat
+    from entropix_mlx.front import encode_prompt
 
     tasks = {t.index: t for t in load_tasks(builtin_tasks_path())}
     model, tokenizer = load()
@@ -54,7 +54,7 @@ def certainty(folder):
     _, items = records(folder)
     with open(Path(folder) / "certainty.jsonl", "w") as out:
         for r in items:
-            prompt = encode_chat(tokenizer, [{"role": "user", "content": tasks[r["index"]].prompt_text()}])
+            prompt = encode_prompt(tokenizer, [{"role": "user", "content": tasks[r["index"]].prompt_text()}])
             texts = [tokenizer.encode(c["text"], add_special_tokens=False) for c in r["candidates"]]
             width = max(1, max(len(t) for t in texts))
             logits, _ = model(mx.array([prompt + t + [0] * (width - len(t)) for t in texts]))

@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 from entropix_mlx import load
 from entropix_mlx.decode.generate import generate
-from entropix_mlx.decode.prompt import encode_chat
 from entropix_mlx.distributed import world
+from entropix_mlx.front import encode_prompt
 from entropix_mlx.front.registry import build
 from entropix_mlx.model.sharding import shard
 
@@ -30,7 +30,7 @@ if w.size > 1:
 params = tree_flatten(model.parameters())
 layers = sum(v.nbytes for k, v in params if ".layers." in k)
 total = sum(v.nbytes for _, v in params)
-prompt = encode_chat(tokenizer, [{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
+prompt = encode_prompt(tokenizer, [{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
 sampler = build("greedy", tokenizer=tokenizer)
 for _ in generate(model, tokenizer, prompt, sampler, max_tokens=4):  # warm-up: compiled kernels
     pass

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from entropix_mlx.cli.loaded import Shelf
 
-from entropix_mlx.front import LoadedModel, ModelCard
+from entropix_mlx.front import LoadedModel
 from entropix_mlx.model.gguf import gguf_tokenizer
 from entropix_mlx.model.llama import Model, ModelArgs
 from entropix_mlx.model.loading import ModelSource
@@ -210,7 +210,7 @@ SHELF = Shelf()
 def make_loaded(model, tokenizer, path, name: str = "tiny", card=None) -> LoadedModel:
     """A `LoadedModel` of an in-memory model, as if loaded from `path`."""
     source = ModelSource(str(path), Path(path), "gguf", name)
-    return LoadedModel(model, tokenizer, source, ModelCard(name, card, "user" if card else "none", tokenizer))
+    return LoadedModel.bind(model, tokenizer, source, card, "user" if card else "none")
 
 
 def shelve(monkeypatch, path, loaded: LoadedModel) -> str:

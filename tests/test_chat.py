@@ -5,6 +5,7 @@ import json
 
 import mlx.core as mx
 import pytest
+from conftest import make_loaded, make_tiny_model
 
 from entropix_mlx.decode.chat import Conversation, common_prefix_length
 from entropix_mlx.decode.generate import generate
@@ -48,7 +49,7 @@ def test_common_prefix_length():
 
 
 def test_second_turn_prefills_only_the_closing_and_new_message(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     first = conversation.reply("hi", ScriptedSampler("ok"), max_tokens=10)
     assert first.answer == "ok" and first.finish_reason == "eos"
     assert first.prefilled == len(first.prompt_tokens)  # nothing cached yet
@@ -66,7 +67,7 @@ def test_second_turn_prefills_only_the_closing_and_new_message(tiny_model, tiny_
 
 
 def test_reused_cache_answers_like_a_fresh_prefill(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     first = conversation.reply("hello", GreedySampler(), max_tokens=6)
     second = conversation.reply("and then?", GreedySampler(), max_tokens=6)
     # Stopped by length: 5 of the 6 answer tokens went through the model, the last did not.
@@ -75,10 +76,10 @@ def test_reused_cache_answers_like_a_fresh_prefill(tiny_model, tiny_tokenizer):
 
 
 def test_cache_keys_match_a_fresh_prefill_of_the_history(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     conversation.reply("abc", GreedySampler(), max_tokens=4)
     conversation.reply("defg", GreedySampler(), max_tokens=4)
-    fresh = Conversation(tiny_model, tiny_tokenizer)
+    fresh = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     ids = conversation.cached_tokens
     fresh_generation = generate(tiny_model, tiny_tokenizer, ids, GreedySampler(), max_tokens=1, cache=fresh.cache)
     list(fresh_generation)
@@ -89,7 +90,7 @@ def test_cache_keys_match_a_fresh_prefill_of_the_history(tiny_model, tiny_tokeni
 
 
 def test_changed_system_prompt_trims_the_cache_and_still_matches(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     conversation.reply("hello", GreedySampler(), max_tokens=5)
     conversation.system = "be brief"  # the history now starts differently
     turn = conversation.reply("again", GreedySampler(), max_tokens=5)
@@ -100,7 +101,7 @@ def test_changed_system_prompt_trims_the_cache_and_still_matches(tiny_model, tin
 
 
 def test_interrupted_answer_keeps_the_conversation_usable(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     turn = conversation.ask("tell me", GreedySampler(), max_tokens=20)
     events = []
     for event in turn:
@@ -119,7 +120,7 @@ def test_interrupted_answer_keeps_the_conversation_usable(tiny_model, tiny_token
 
 def test_layers_out_of_step_are_trimmed_to_the_shortest(tiny_model, tiny_tokenizer):
     """An interrupt inside a forward pass can leave layer 0 one position ahead."""
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     turn = conversation.ask("xy", GreedySampler(), max_tokens=4)
     list(turn)
     k = conversation.cache[0]
@@ -132,7 +133,7 @@ def test_layers_out_of_step_are_trimmed_to_the_shortest(tiny_model, tiny_tokeniz
 
 
 def test_reset_starts_over_and_keeps_the_system_prompt(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer, system="sys")
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"), system="sys")
     conversation.reply("one", GreedySampler(), max_tokens=3)
     conversation.reset()
     assert conversation.turns == [] and cache_length(conversation.cache) == 0
@@ -141,8 +142,8 @@ def test_reset_starts_over_and_keeps_the_system_prompt(tiny_model, tiny_tokenize
     assert conversation.messages[0] == {"role": "system", "content": "sys"}
 
 
-def test_history_longer_than_the_context_is_refused_before_touching_the_cache(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer, max_size=64)
+def test_history_longer_than_the_context_is_refused_before_touching_the_cache(tiny_tokenizer):
+    conversation = Conversation(make_loaded(make_tiny_model(max_position_embeddings=64), tiny_tokenizer, "tiny.gguf"))
     conversation.reply("hi", ScriptedSampler("ok"), max_tokens=4)
     cached = list(conversation.cached_tokens)
     with pytest.raises(ContextOverflowError, match="/reset"):
@@ -151,23 +152,39 @@ def test_history_longer_than_the_context_is_refused_before_touching_the_cache(ti
     assert cache_length(conversation.cache) == len(cached)
 
 
-def test_overflow_during_an_answer_keeps_the_partial_answer(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer, max_size=40)
-    turn = conversation.ask("hello there", GreedySampler(), max_tokens=100)
-    with pytest.raises(ContextOverflowError):
-        for _ in turn:
-            pass
-    conversation.finish(turn)
-    assert 0 < len(turn.generation.tokens) < 100
-    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == 40
-    with pytest.raises(ContextOverflowError):
+def test_an_answer_stops_where_the_context_ends_as_in_run(tiny_tokenizer):
+    # The turn is prepared as `run` prepares its prompt: max_tokens within what the context leaves.
+    conversation = Conversation(make_loaded(make_tiny_model(max_position_embeddings=40), tiny_tokenizer, "tiny.gguf"))
+    turn = conversation.reply("hello there", GreedySampler(), max_tokens=100)
+    assert turn.finish_reason == turn.generation.summary().finish_reason == "context"
+    assert len(turn.prompt_tokens) + len(turn.generation.tokens) == 40
+    # The cache holds all of it but the last answer token, which never ran through the model.
+    assert cache_length(conversation.cache) == len(conversation.cached_tokens) == 39
+    with pytest.raises(ContextOverflowError, match="/reset"):
         conversation.ask("more", GreedySampler())
     conversation.reset()
     assert conversation.reply("ok", GreedySampler(), max_tokens=2).prefilled > 0
 
 
+def test_an_answer_within_the_context_keeps_its_own_finish(tiny_model, tiny_tokenizer):
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
+    assert conversation.reply("hi", GreedySampler(), max_tokens=3).finish_reason == "length"
+    assert conversation.reply("ok", ScriptedSampler("a"), max_tokens=300).finish_reason == "eos"
+
+
+def test_the_penalties_see_the_whole_conversation(tiny_model, tiny_tokenizer):
+    # Repetition 50 over the conversation: no answer token repeats one of the history's.
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
+    for user in ("abcabc", "more"):
+        turn = conversation.ask(user, GreedySampler(), max_tokens=6, penalties={"repetition": 50.0})
+        list(turn)
+        conversation.finish(turn)
+    assert turn.prepared.penalties.prompt == tuple(turn.prompt_tokens[-64:])
+    assert not set(turn.generation.tokens) & set(turn.prompt_tokens[-64:])
+
+
 def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer, system="s")
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"), system="s")
     conversation.reply("hi", ScriptedSampler("ab"), max_tokens=5)
     data = json.loads(json.dumps(conversation.transcript()))
     assert data["system"] == "s"
@@ -177,7 +194,7 @@ def test_transcript_lists_each_tokens_strategy(tiny_model, tiny_tokenizer):
 
 
 def test_recover_realigns_the_layers_after_an_interrupt_outside_a_turn(tiny_model, tiny_tokenizer):
-    conversation = Conversation(tiny_model, tiny_tokenizer)
+    conversation = Conversation(make_loaded(tiny_model, tiny_tokenizer, "tiny.gguf"))
     first = conversation.reply("abc", GreedySampler(), max_tokens=3)
     conversation.cache[0].trim(5)  # as if Ctrl-C stopped `ask` after trimming layer 0 only
     conversation.recover()
@@ -194,7 +211,7 @@ def test_an_answer_a_branch_rollout_ended_stays_in_the_cache(smollm):
     from entropix_mlx.front.registry import build
 
     model, tokenizer = smollm
-    conversation = Conversation(model, tokenizer)
+    conversation = Conversation(make_loaded(model, tokenizer, "smollm2-135m.gguf"))
     for user in ("Hi", "Thanks", "Bye"):
         turn = conversation.reply(user, build("entropix", tokenizer=tokenizer, card="smollm2-135m"), max_tokens=64)
         assert turn.finish_reason == "eos"

@@ -252,8 +252,8 @@ def test_a_token_caught_between_generated_and_shown_is_still_shown(tiny_ref, mon
 def test_chat_shows_a_token_caught_between_generated_and_shown(tiny_ref, monkeypatch):
     """The same moment in `chat`: the interrupted answer's second token is in the
     conversation and counted by the summary, so it is written before the summary."""
-    from entropix_mlx.decode import chat as chat_module
     from entropix_mlx.decode.generate import Generation
+    from entropix_mlx.front import loaded as loaded_module
 
     made = []
 
@@ -270,7 +270,7 @@ def test_chat_shows_a_token_caught_between_generated_and_shown(tiny_ref, monkeyp
 
     written = []
     write_token = chat_cmd.render.write_token
-    monkeypatch.setattr(chat_module, "generate", generate)
+    monkeypatch.setattr(loaded_module, "generate", generate)  # chat's turns run through the loaded model
     monkeypatch.setattr(
         chat_cmd.render, "write_token", lambda out, text, *a: (written.append(text), write_token(out, text, *a))
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_loaded, make_tiny_model, make_tiny_tokenizer
 from entropix_mlx.cli import run as run_cmd
 from test_cli_run import cli_command, invoke, one_error_line, rest_of
 from test_loading import GGUF_CONFIG, write_gguf
@@ -138,7 +138,7 @@ def test_user_text_with_control_tokens_stays_text_in_run_and_chat(tiny_ref, monk
     tokens, summary = json_records(out)
     assert summary["prompt_tokens"] == len(templated) and [t["text"] for t in tokens] == ["k"]
 
-    conversation = Conversation(make_tiny_model(max_position_embeddings=128), tokenizer)
+    conversation = Conversation(make_loaded(make_tiny_model(max_position_embeddings=128), tokenizer, "tiny.gguf"))
     assert conversation.template(typed) == templated
     conversation.reply(typed, ScriptedSampler([byte_id(ord("k")), EOS]), max_tokens=3)
     assert conversation.template("again").count(EOS) == 3  # end of turn 1, answer 1, turn 2
@@ -161,7 +161,7 @@ def test_real_tokenizer_keeps_typed_im_end_as_text(smollm):
     assert tokenizer.decode(body[:-2]) == typed
     assert ids.count(eos) == plain.count(eos)
     assert eos in run_cmd.prompt_tokens(tokenizer, typed, None, raw=True)  # --raw asks for control tokens
-    assert Conversation(*smollm).template(typed) == ids
+    assert Conversation(make_loaded(*smollm, "smollm2-135m.gguf")).template(typed) == ids
 
 
 # -- generation edge cases --------------------------------------------------------

@@ -410,3 +410,85 @@ def test_the_library_keeps_no_state_in_module_level_lists_or_dicts():
             if empty or boxed:
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}" for t in targets]
     assert not found, "\n".join(found)
+
+
+# One home each for encoding a prompt and fitting a request to the context: the front
+# door's `encode_prompt` (`LoadedModel.encode`) and `fit` (`LoadedModel.prepare`).
+ENCODERS = ("encode_chat", "encode_raw", "apply_chat_template")
+ENCODING_HOMES = ("entropix_mlx/front/loaded.py", "entropix_mlx/decode/prompt.py")
+# Who reads the context's length: the model's own settings, the front door that fits
+# requests to it, and the decoder's machinery (the batch engine's guard, a row's cache size).
+CONTEXT_READERS = (
+    "entropix_mlx/model/",
+    "entropix_mlx/front/loaded.py",
+    "entropix_mlx/decode/engine.py",
+    "entropix_mlx/decode/group.py",
+)
+PRODUCT_AND_LAB = ("entropix_mlx", "cli", "research")
+
+
+def calls_to(tree: ast.AST, names: tuple[str, ...]) -> list[int]:
+    """The lines where `tree` calls one of `names`, as a function or a method."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)) in names
+    ]
+
+
+def attribute_reads(tree: ast.AST, name: str) -> list[int]:
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == name]
+
+
+def sources(folders=PRODUCT_AND_LAB):
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_prompts_are_encoded_only_by_the_front_door():
+    found = [
+        f"{rel}:{line}" for rel, tree in sources() if rel not in ENCODING_HOMES for line in calls_to(tree, ENCODERS)
+    ]
+    assert not found, "encode prompts with front.encode_prompt (LoadedModel.encode):\n" + "\n".join(found)
+
+
+def test_requests_are_fitted_to_the_context_only_by_the_front_door():
+    found = [
+        f"{rel}:{line}"
+        for rel, tree in sources()
+        if not rel.startswith(CONTEXT_READERS)
+        for line in attribute_reads(tree, "max_position_embeddings")
+    ]
+    assert not found, "fit requests with front.fit (LoadedModel.prepare, LoadedModel.context):\n" + "\n".join(found)
+
+
+def test_the_call_and_attribute_finders_catch_a_method_a_function_and_a_read():
+    tree = ast.parse(
+        "a = tok.apply_chat_template(m)\nb = encode_chat(t, m)\nc = encode_chats(t)\nd = m.args.max_position_embeddings\n"
+    )
+    assert calls_to(tree, ENCODERS) == [1, 2]
+    assert attribute_reads(tree, "max_position_embeddings") == [4]
+
+
+def test_a_model_meets_its_card_in_one_place():
+    found = [
+        f"{rel}:{line}"
+        for rel, tree in sources()
+        if rel != "entropix_mlx/front/loaded.py"
+        for line in calls_to(tree, ("LoadedModel", "ModelCard"))
+    ]
+    assert not found, "bind a model to its card with LoadedModel.bind:\n" + "\n".join(found)
+
+
+def test_chat_reaches_its_conversation_through_the_front_door(package):
+    # LoadedModel.conversation: each turn is encoded and prepared by the loaded model, as `run`'s prompt is.
+    found = [
+        m.name
+        for m in package.values()
+        if ("entropix_mlx.decode.chat", "Conversation") in imported_names(m)
+        and not m.name.startswith(("entropix_mlx.decode", "entropix_mlx.front"))
+    ]
+    assert not found, "these make a Conversation themselves; use LoadedModel.conversation:\n" + "\n".join(found)
+    assert ("entropix_mlx.decode.generate", "generate") not in imported_names(package["entropix_mlx.decode.chat"])

@@ -6,7 +6,7 @@ compares the result with the token ids the cache already holds, trims the cache
 back to their common prefix and prefills only the rest. In the usual case that
 is the end of the previous answer plus the new user message.
 
-    conversation = Conversation(model, tokenizer, system="Be brief.")
+    conversation = Conversation(loaded, system="Be brief.")  # loaded: front.LoadedModel
     turn = conversation.ask("My name is Ada.", sampler, max_tokens=64)
     for event in turn:          # TokenEvents, as they are generated
         ...
@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, ContextOverflowError
 from ..model.cache import cache_length, make_cache
 from .events import TokenEvent
-from .generate import Generation, generate
-from .prompt import encode_chat
+from .generate import Generation
 from .rows import DEFAULT_MAX_TOKENS
 
 
@@ -34,6 +33,7 @@ class Turn:
     seed: int = 0  # the seed it answered with
     answer: str = ""
     finish_reason: str = "running"
+    prepared: object = field(default=None, repr=False)  # the request the front door made of it
 
     def __iter__(self):
         return iter(self.generation)
@@ -45,25 +45,31 @@ class Turn:
 
 @dataclass
 class Conversation:
-    model: object
-    tokenizer: object
+    loaded: object  # the front door (front.LoadedModel): it encodes and prepares each turn
     system: str | None = None
-    max_size: int | None = None  # context length; default the model's own
     turns: list[Turn] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
         self.reset()
 
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
     def reset(self):
         """Forget every turn (the system prompt stays)."""
         self.turns = []
-        self.cache = make_cache(self.model, self.max_size)
+        self.cache = make_cache(self.model)
         self.cached_tokens: list[int] = []  # the ids whose keys/values the cache holds, in order
         self._open: Turn | None = None
 
     @property
     def context_size(self) -> int:
-        return self.cache[0].max_size
+        return self.loaded.context
 
     @property
     def messages(self) -> list[dict]:
@@ -88,32 +94,34 @@ class Conversation:
         """Token ids of the history plus `user`, ending with the assistant's header."""
         messages = self.messages + [{"role": "user", "content": user}]
         try:  # special-token text typed by the user (e.g. "<|im_end|>") stays text
-            return encode_chat(self.tokenizer, messages)
-        except ValueError as e:  # transformers raises ValueError when there is no template
-            raise ConfigError(
-                f"this model's tokenizer has no usable chat template ({e}); chat needs an instruction-tuned model"
-            ) from None
+            return self.loaded.encode(messages)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; chat needs an instruction-tuned model") from None
 
-    def ask(self, user: str, sampler, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, penalties=None) -> Turn:
-        """Start a turn: trim the cache to what still matches, return the Turn to iterate.
-        `penalties` (sampling/penalties.py) see the whole conversation as the prompt.
+    def ask(
+        self, user: str, sampler, max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, penalties: dict | None = None
+    ) -> Turn:
+        """Start a turn, prepared by the front door (`LoadedModel.prepare`: the
+        answer kept within the context, `penalties` over the whole conversation):
+        trim the cache to what still matches, return the Turn to iterate.
 
         Raises ContextOverflowError, before touching the cache, when the history
         plus the new message no longer fits the context."""
         if self._open is not None:
             self.finish(self._open)
         ids = self.template(user)
-        if len(ids) >= self.context_size:
+        try:
+            prepared = self.loaded.prepare(ids, sampler, max_tokens, seed, penalties)
+        except ContextOverflowError:
             raise ContextOverflowError(
                 f"the conversation needs {len(ids)} tokens but the model's context holds "
                 f"{self.context_size}; /reset to start a new conversation"
-            )
+            ) from None
         keep = common_prefix_length(self.cached_tokens, ids)
         keep = min(keep, len(ids) - 1)  # at least one token must run, to get the next logits
         self._truncate(keep)
-        penalties = penalties.after(ids) if penalties is not None else None
-        generation = generate(self.model, self.tokenizer, ids[keep:], sampler, max_tokens, seed, self.cache, penalties)
-        self._open = Turn(user, ids, len(ids) - keep, generation, getattr(sampler, "name", ""), seed)
+        generation = self.loaded.generate(prepared, self.cache)
+        self._open = Turn(user, ids, len(ids) - keep, generation, getattr(sampler, "name", ""), seed, prepared=prepared)
         return self._open
 
     def finish(self, turn: Turn, interrupted: bool = False) -> Turn:
@@ -123,6 +131,7 @@ class Conversation:
         generation = turn.generation
         if interrupted:
             generation.finish_reason = "interrupted"
+        generation.finish_reason = turn.prepared.finish(generation.finish_reason)  # stopped by the context: "context"
         turn.finish_reason = generation.finish_reason
         turn.answer = self.tokenizer.decode(generation.tokens)
         self.cache = generation.cache  # a branch rollout may have swapped the cache

@@ -61,6 +61,7 @@ from ..accel.blas import blas_info, blas_name, thread_stats
 from ..accel.weights import describe, weights_format
 from ..decode.generate import generate
 from ..errors import ConfigError
+from ..front import fit
 from ..front.registry import build
 from ..model.convert import cached_conversion
 from ..model.loading import download
@@ -306,11 +307,11 @@ def bench(
     the card `model_name` names)."""
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ConfigError("bench needs at least 1 prompt token, 2 generated tokens and 1 repeat")
-    context = ours.args.max_position_embeddings
-    if prompt_tokens + gen_tokens > context:
+    limit, room = fit(ours, prompt_tokens, gen_tokens)
+    if limit < gen_tokens:  # every run generates exactly gen_tokens: none may be cut
         raise ConfigError(
             f"prompt_tokens + gen_tokens is {prompt_tokens + gen_tokens} but the model's "
-            f"context holds {context}; ask for fewer tokens",
+            f"context holds {prompt_tokens + room}; ask for fewer tokens",
             settings=("prompt_tokens", "gen_tokens"),
         )
     samplers = make_samplers(sampler or (lambda name: build(name, tokenizer, card=model_name)))

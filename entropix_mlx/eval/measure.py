@@ -4,9 +4,9 @@ sampled answers to built-in prompts, all answered at once by the batch engine.""
 import numpy as np
 
 from ..decode.engine import generate_batch
-from ..decode.prompt import encode_chat
 from ..decode.rows import Request
 from ..distributed import World, all_gather_json, world
+from ..front import encode_prompt, fit
 from ..sampling.config import SamplerConfig
 from ..sampling.metrics import METRIC_NAMES
 from ..sampling.samplers import TemperatureSampler
@@ -42,10 +42,10 @@ def collect(
     for i, prompt in enumerate(prompts):
         if i % w.size != w.rank:
             continue
-        ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
-        room = model.args.max_position_embeddings - len(ids)  # a small context measures what fits
+        ids = encode_prompt(tokenizer, [{"role": "user", "content": prompt}])
+        limit, room = fit(model, len(ids), max_tokens)  # a small context measures what fits
         if room >= 1:
-            requests.append(Request(ids, seed + i, min(max_tokens, room)))
+            requests.append(Request(ids, seed + i, limit))
             prompt_of.append(i)
     total, done = sum(r.max_tokens for r in requests), [0]
 

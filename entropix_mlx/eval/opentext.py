@@ -42,8 +42,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..decode.engine import generate_batch
-from ..decode.prompt import encode_chat
 from ..errors import ConfigError
+from ..front import encode_prompt
 from ..front.registry import BASELINE
 from ..sampling.repetition import LOOP_ALERT, longest_loop
 from .runner import EvalConfig, machine_description
@@ -155,7 +155,7 @@ def run_open(
     """Every (sampler, seed) writes for every prompt; metrics per output, then
     `summarize_open`. Same resumable store and arguments as `run_eval`."""
     make_sampler = make_sampler or default_sampler_factory(tokenizer, config)
-    encoded = [encode_chat(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
+    encoded = [encode_prompt(tokenizer, [{"role": "user", "content": p.question}]) for p in prompts]
     runs = config.runs()
     identity = {
         "mode": "open",

@@ -19,7 +19,7 @@ from datetime import date
 import mlx.core as mx
 
 from ..decode.generate import as_decoder
-from ..decode.prompt import encode_chat
+from ..front import encode_prompt
 from ..front.registry import BASELINE
 from ..sampling.recorder import KEPT_ALTERNATIVES, recording
 from .scoring import score
@@ -94,7 +94,7 @@ def run_eval(
     saved (tests use it to interrupt a run)."""
     named = make_sampler or default_sampler_factory(tokenizer, config)
     make_sampler = lambda label: named(split_label(label)[0])  # noqa: E731  (a run's label may carry @budget)
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": t.prompt_text(config.cot)}]) for t in tasks]
     runs = config.runs()
     identity = {
         "model": config.model_name,

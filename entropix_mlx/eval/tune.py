@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 
 from ..decode.engine import generate_batch
-from ..decode.prompt import encode_chat
 from ..decode.rows import Request
 from ..distributed import all_gather_json, run_on_root, world
+from ..front import encode_prompt
 from ..sampling.config import SamplerConfig, load_toml
 from ..sampling.entropix import EntropixSampler
 from ..sampling.samplers import GreedySampler, MinPSampler
@@ -206,9 +206,9 @@ def tune(
     thresholds = run_on_root(w, lambda: {k: getattr(load_toml(path), k) for k in QUANTILES})
     thresholds_only = SamplerConfig().replace(**thresholds)
     tasks = select_split(load_tasks(builtin_tasks_path()), TUNE_SPLIT)[:limit]
-    chat = [encode_chat(tokenizer, [{"role": "user", "content": t.prompt_text()}]) for t in tasks]
+    chat = [encode_prompt(tokenizer, [{"role": "user", "content": t.prompt_text()}]) for t in tasks]
     # A limit shortens the open text too: the prompts cost most of a tuning run.
-    open_prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS[:limit]]
+    open_prompts = [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS[:limit]]
 
     def measure(name, make, answers=True, seeds=TUNE_OPEN_SEEDS):
         if progress:

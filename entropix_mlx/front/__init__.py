@@ -2,7 +2,7 @@
 once) and the loaded model that builds samplers, prepares requests and decodes them."""
 
 from ..decode.rows import DEFAULT_MAX_TOKENS
-from .loaded import LoadedModel, ModelCard, Prepared, SamplerChoice, choose
+from .loaded import LoadedModel, ModelCard, Prepared, SamplerChoice, choose, encode_prompt, fit
 from .registry import (
     DEFAULT_SAMPLER,
     EVAL_SAMPLER_NAMES,

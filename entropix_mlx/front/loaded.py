@@ -5,17 +5,20 @@ a request, decode it.
 `choose` resolves what a request asks for (the sampler that answers and the
 sampling parameters it takes, with notes on what changed) once per request;
 `LoadedModel.prepare` then builds that sampler with the model's card, clamps the
-answer to the context and makes the penalties."""
+answer to the context (`fit`) and makes the penalties. Prompts are encoded here
+too (`encode_prompt`), and a model meets its card here (`LoadedModel.bind`)."""
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from ..decode.chat import Conversation
 from ..decode.forced import forced_signals
 from ..decode.generate import generate
 from ..decode.prompt import encode_chat, encode_raw
 from ..decode.tools import knows_tools, template_messages
 from ..errors import ConfigError, ContextOverflowError
+from ..model.cache import cache_length
 from ..model.loading import ModelSource
 from ..sampling.cards import CardDocument
 from ..sampling.confidence import AnswerConfidence, answer_end, chain_features
@@ -82,6 +85,29 @@ def choose(sampler: str, params: dict | None = None, names: tuple[str, ...] = SA
     return SamplerChoice(sampler, sampler, given, ())
 
 
+def encode_prompt(tokenizer, messages: list[dict] | None = None, text: str | None = None, tools=None) -> list[int]:
+    """Token ids of chat `messages` (the model's chat template, with OpenAI's
+    `tools` if given: decode/tools.py) or of `text` as is: every prompt of the
+    product is encoded here."""
+    if messages is None:
+        return encode_raw(tokenizer, text)
+    knows = knows_tools(tokenizer)
+    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        messages = template_messages(messages, tools, knows)
+    try:
+        return encode_chat(tokenizer, messages, tools=tools if knows else None)
+    except ValueError as e:  # transformers: no chat template
+        raise ConfigError(f"this model has no chat template ({e})") from None
+
+
+def fit(model, prompt_length: int, max_tokens: int | None = None) -> tuple[int, int]:
+    """(the answer's token limit, the room): what `model`'s context leaves after
+    a prompt of `prompt_length` tokens (0 or less: nothing), and `max_tokens`
+    within it (None: all of it). Every request is fitted to the context here."""
+    room = model.args.max_position_embeddings - prompt_length
+    return (room if max_tokens is None else min(max_tokens, room)), room
+
+
 @dataclass
 class Prepared:
     """One request, ready to decode."""
@@ -108,6 +134,12 @@ class LoadedModel:
     source: ModelSource
     card: ModelCard
 
+    @classmethod
+    def bind(cls, model, tokenizer, source, card: Path | None = None, kind: str = "none", name: str | None = None):
+        """`model` with its card at `card` (of `kind`, see `ModelCard`; None: none,
+        the defaults run), named `name` (default: the source's name)."""
+        return cls(model, tokenizer, source, ModelCard(name or source.name, card, kind, tokenizer))
+
     @property
     def name(self) -> str:
         return self.source.name
@@ -121,17 +153,8 @@ class LoadedModel:
         return build(name, self.tokenizer, self.card.ref, config, reasoning, **overrides)
 
     def encode(self, messages: list[dict] | None = None, text: str | None = None, tools=None) -> list[int]:
-        """Token ids of chat `messages` (the model's chat template, with OpenAI's
-        `tools` if given: decode/tools.py) or of `text` as is."""
-        if messages is None:
-            return encode_raw(self.tokenizer, text)
-        knows = knows_tools(self.tokenizer)
-        if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-            messages = template_messages(messages, tools, knows)
-        try:
-            return encode_chat(self.tokenizer, messages, tools=tools if knows else None)
-        except ValueError as e:  # transformers: no chat template
-            raise ConfigError(f"this model has no chat template ({e})") from None
+        """Token ids of chat `messages` or of `text` (see `encode_prompt`)."""
+        return encode_prompt(self.tokenizer, messages, text, tools)
 
     def prepare(
         self,
@@ -155,7 +178,7 @@ class LoadedModel:
         for one the grammar engine cannot hold), or with `grammar` (llguidance's Lark).
         `path_choice`: which of a request's n choices this is; a sampler that
         chooses among its own paths (Entropix's branches) takes others after the first."""
-        room = self.context - len(ids)
+        limit, room = fit(self.model, len(ids), max_tokens)
         if room <= 0:
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the model's context holds {self.context}; shorten it"
@@ -168,7 +191,6 @@ class LoadedModel:
         if path_choice and hasattr(sampler, "pick_path"):
             sampler.path_choice = path_choice
             sampler.reset()
-        limit = room if max_tokens is None else min(max_tokens, room)
         processor = make_penalties(**(penalties or {}), prompt=ids)
         if json_schema is not None or grammar is not None:
             constraint = self.constraint(json_schema, grammar)
@@ -197,14 +219,21 @@ class LoadedModel:
         return Constraint(grammar, tokenizer, self.model.args.vocab_size)
 
     def penalties(self, presence=None, frequency=None, repetition=None, prompt=()):
-        """The penalties asked for over `prompt` (None: off): for a caller that
-        keeps its own prompt across turns (chat)."""
+        """The penalties asked for over `prompt` (None: off): what `prepare` makes
+        of its `penalties` (chat's /save records them)."""
         return make_penalties(presence, frequency, repetition, prompt=prompt)
 
     def generate(self, prepared: Prepared, cache=None):
-        """A `Generation` of the prepared request (iterate it for token events)."""
-        p = prepared
-        return generate(self.model, self.tokenizer, p.ids, p.sampler, p.max_tokens, p.seed, cache, p.penalties)
+        """A `Generation` of the prepared request (iterate it for token events).
+        `cache` may hold the prompt's first tokens (a conversation's earlier
+        turns): only the rest is prefilled."""
+        p, start = prepared, 0 if cache is None else cache_length(cache)
+        return generate(self.model, self.tokenizer, p.ids[start:], p.sampler, p.max_tokens, p.seed, cache, p.penalties)
+
+    def conversation(self, system: str | None = None) -> Conversation:
+        """A conversation with this model that keeps its KV cache between turns,
+        each turn prepared here (decode/chat.py)."""
+        return Conversation(self, system)
 
     def forced(self, prompt: list[int], answer: list[int], hidden_at: tuple[int, ...] = ()) -> dict:
         """What the model thought at each token of `answer` after `prompt`, in one
