@@ -41,7 +41,7 @@ class SamplerSpec:
     rule: dict | None = None  # a deliberate rule: the card's [deliberate] with these fields replaced
     preset: object = None  # a fixed preset its settings start from
     presets: tuple[str, ...] = ()  # names a config may give instead of a file
-    votes: bool = False  # it votes over k samples (eval's --k)
+    votes: bool = False  # it votes over k samples
 
     @property
     def table(self) -> str | None:
