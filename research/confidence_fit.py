@@ -2,7 +2,7 @@
 (docs/confidence.md has the selection rule): every candidate's out-of-fold AUROC, ECE,
 Brier score and accuracy at half coverage, on repeated stratified folds.
 
-    python -m research.confidence_fit docs/records/signals_q05 MODEL.gguf RECORD_FOLDERS... [--json OUT]
+    python -m research.confidence_fit docs/records/signals_q05 [--json OUT] [--table OUT.toml]
 """
 
 import argparse
@@ -196,8 +196,8 @@ def fitted_table(X: np.ndarray, y: np.ndarray, fitted_on: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("model", help="the model whose chains they are (for its tokenizer)")
-    parser.add_argument("records", type=Path, nargs="+", help="the eval folders of the chains")
+    parser.add_argument("--model", help="the chains' model (for its tokenizer), unless FOLDER keeps their texts")
+    parser.add_argument("--records", type=Path, nargs="*", default=[], help="the eval folders of the chains, likewise")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", help="comma-separated candidate names")
     parser.add_argument("--table", type=Path, help="write the run-time features' fitted [confidence] table here (TOML)")
