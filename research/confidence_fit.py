@@ -193,6 +193,21 @@ def fitted_table(X: np.ndarray, y: np.ndarray, fitted_on: str) -> dict:
     }
 
 
+def markdown(results: dict, where: str) -> str:
+    """One row a candidate: its out-of-fold figures on the items (`--json`'s)."""
+    lines = [
+        f"| candidate ({results['items']} items, {results['right']} right) | AUROC (sd over shuffles) | ECE | Brier"
+        " | accuracy at 50% coverage | records |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in results["candidates"].items():
+        lines.append(
+            f"| {name} | {r['auroc']:.3f} ({r['auroc_sd']:.3f}) | {r['ece']:.3f} | {r['brier']:.3f}"
+            f" | {r['acc_at_50']:.1%} | {where} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)

@@ -22,10 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from entropix_mlx.data.make_builtin import generate  # noqa: E402
-from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open  # noqa: E402
-from entropix_mlx.eval.report import (  # noqa: E402
+from entropix_mlx.data.make_builtin import generate
+from entropix_mlx.eval.opentext import OpenConfig, builtin_prompts_path, load_prompts, summarize_open
+from entropix_mlx.eval.report import (
     format_p,
     generated_tokens,
     markdown_table,
@@ -34,16 +33,17 @@ from entropix_mlx.eval.report import (  # noqa: E402
     plot,
     strategy_text,
 )
-from entropix_mlx.eval.runner import EvalConfig, summarize  # noqa: E402
-from entropix_mlx.eval.stats import holm  # noqa: E402
-from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task  # noqa: E402
-from entropix_mlx.sampling.deliberate_config import shipped_reasoning  # noqa: E402
+from entropix_mlx.eval.runner import EvalConfig, summarize
+from entropix_mlx.eval.stats import holm
+from entropix_mlx.eval.tasks import Task, builtin_tasks_path, load_tasks, parse_task
+from entropix_mlx.sampling.deliberate_config import shipped_reasoning
 
-from .acceptance import markdown as acceptance_markdown  # noqa: E402
-from .code_check import summarize as summarize_code  # noqa: E402
-from .cost_records import markdown as costs_markdown  # noqa: E402
-from .cost_records import summarize as summarize_costs  # noqa: E402
-from .gated_replay import (  # noqa: E402
+from .acceptance import markdown as acceptance_markdown
+from .code_check import summarize as summarize_code
+from .confidence_fit import markdown as confidence_markdown
+from .cost_records import markdown as costs_markdown
+from .cost_records import summarize as summarize_costs
+from .gated_replay import (
     fixable,
     fixable_markdown,
     held_out,
@@ -55,8 +55,10 @@ from .gated_replay import (  # noqa: E402
     ranking_markdown,
     results_per_model,
 )
-from .gated_replay import markdown as replay_markdown  # noqa: E402
-from .gated_replay import results as replay_results  # noqa: E402
+from .gated_replay import markdown as replay_markdown
+from .gated_replay import results as replay_results
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NO_RECORDS = "*no records*"
 MARK = re.compile(r"^<!-- table: (\S+) -->$")
@@ -90,6 +92,7 @@ class Table:
     # for kind "pairs": (row, against); "cisc ~" / "self_consistency ~" is the vote row nearest in tokens to row
     pairs: list[tuple[str, str]] = field(default_factory=list)
     targets: tuple[float, str] = (0.04, "sc-staged")  # kind "acceptance": research/acceptance.py's targets
+    # "confidence": an answer confidence's candidates (research/confidence_fit.py --json);
     # "categories": by the tasks' category; "open": open-text figures; "costs": per answer; "code": code prompts;
     # "replay" / "replay-all": gated deliberate rules over one pool, a summary / every rule;
     # "replay-after-sealed": the rules replayed after the sealed scoring (outside the choice);
@@ -247,6 +250,8 @@ def pool_rows(table: Table) -> dict:
 def read_by_kind(table: Table) -> dict | None:
     """The results of a table that is not rows of samplers (None for one that is)."""
     folder = ROOT / table.sources[0].path
+    if table.kind == "confidence":  # research/confidence_fit.py's figures, as it wrote them
+        return json.loads((ROOT / table.sources[0].path).read_text())
     if table.kind == "costs":  # research/sampler_costs.py's runs, every one in the folder
         return summarize_costs(folder, ROOT)
     if table.kind == "code":
@@ -340,6 +345,8 @@ def cell(column: str, s: dict, greedy: dict) -> str:
 def markdown(table: Table, results: dict) -> str:
     if table.kind == "categories":
         return category_markdown(table, results)
+    if table.kind == "confidence":
+        return confidence_markdown(results, table.sources[0].path)
     if table.kind == "costs":
         return costs_markdown(results)
     if table.kind == "code":
@@ -350,10 +357,8 @@ def markdown(table: Table, results: dict) -> str:
         return acceptance_markdown(results, *table.targets, where=table.sources[0].path)
     if table.kind.startswith("speed"):
         return speed_markdown(table.kind, results)
-    if table.kind == "ranking":
-        return ranking_markdown(results["pools"])
-    if table.kind == "fixable":
-        return fixable_markdown(results["pools"])
+    if table.kind in ("ranking", "fixable"):
+        return (ranking_markdown if table.kind == "ranking" else fixable_markdown)(results["pools"])
     if table.kind == "held-out":
         return held_out_markdown(results, where=", ".join(s.path for s in table.sources[-table.checks :]))
     if table.kind == "live-replay":
@@ -496,6 +501,7 @@ def vote_pairs(k: int) -> list[tuple[str, str]]:
 
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
+    "confidence-q05": Table([Source("docs/records/confidence_q05/candidates.json")], [], kind="confidence"),
     "test-split-readme": Table(
         BUILTIN,
         ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"],

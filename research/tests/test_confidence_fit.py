@@ -31,3 +31,12 @@ def test_a_fitted_table_gives_the_product_the_fits_probabilities():
     got = [model.probability(dict(zip(FEATURES, row, strict=True))) for row in X[:5]]
     assert got == pytest.approx(expected, abs=1e-4)
     assert 0 <= table["sure_error"] <= 0.15 and table["sure_share"] >= 0.1
+
+
+def test_the_gate_replay_takes_staged_where_it_spends():
+    from research.confidence_gate import replay
+
+    rows = {1: {"greedy": (0, 100), "staged": (1, 300)}, 2: {"greedy": (1, 80), "staged": (0, 200)}}
+    assert replay({1}, rows) == ({1: 1, 2: 1}, 380)
+    assert replay(set(), rows) == ({1: 0, 2: 1}, 180)
+    assert replay({1, 2}, rows) == ({1: 1, 2: 0}, 500)
