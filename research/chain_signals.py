@@ -24,8 +24,8 @@ def greedy_records(folders: list[Path]) -> list[dict]:
     """Every greedy record of the folders, by item index (the first one kept)."""
     out = {}
     for folder in folders:
-        for part in sorted(folder.glob("items-*.jsonl.gz")):
-            with gzip.open(part, "rt") as f:
+        for part in sorted(folder.glob("items-*.jsonl.gz")) + sorted(folder.glob("items.jsonl")):
+            with gzip.open(part, "rt") if part.suffix == ".gz" else open(part) as f:
                 for line in f:
                     r = json.loads(line)
                     if r["sampler"] == "greedy":
@@ -70,16 +70,17 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--chunk", type=int, default=50)
-    parser.add_argument("--tasks", type=Path, default=TRAIN)
+    parser.add_argument("--tasks", type=Path, default=TRAIN, help="the items' task file, or builtin")
     args = parser.parse_args()
     entropix_mlx.accel.enable()  # before anything imports MLX
     from entropix_mlx import load_model
-    from entropix_mlx.eval import load_tasks
+    from entropix_mlx.eval import builtin_tasks_path, load_tasks
 
     loaded = load_model(args.model)
     n = loaded.model.args.num_hidden_layers
     layers = (n // 2, (3 * n) // 4, n - 1)
-    tasks = load_tasks(args.tasks)
+    tasks = load_tasks(args.tasks if args.tasks != Path("builtin") else builtin_tasks_path())
+    cot = json.loads((args.folders[0] / "config.json").read_text()).get("cot", False)
     records = greedy_records(args.folders)
     args.out.mkdir(parents=True, exist_ok=True)
     for c in range(0, len(records), args.chunk):
@@ -89,7 +90,7 @@ def main() -> int:
         arrays = {}
         for r in records[c : c + args.chunk]:
             task = tasks[r["index"]]
-            prompt = loaded.encode([{"role": "user", "content": task.prompt_text(cot=True)}])
+            prompt = loaded.encode([{"role": "user", "content": task.prompt_text(cot=cot)}])
             if hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:16] != r["prompt_sha256"]:
                 raise SystemExit(f"item {r['index']}: the prompt differs from the one on record")
             for k, v in item_signals(loaded, prompt, r, layers).items():

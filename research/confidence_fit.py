@@ -216,6 +216,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", help="comma-separated candidate names")
     parser.add_argument("--table", type=Path, help="write the run-time features' fitted [confidence] table here (TOML)")
+    parser.add_argument("--fitted-on", default="", help="what the table says it was fitted on")
     args = parser.parse_args()
     items = read_signals(args.folder)
     pieces = cached_pieces(args.folder / "pieces.json.gz", args.records, args.model, items)
@@ -233,7 +234,7 @@ def main() -> int:
         )
     if args.table:
         X = candidates(items, pieces)["tokens (run time)"][0]
-        table = fitted_table(X, y, f"{len(y)} greedy chains of thought, GSM8K train, {args.folder.name}")
+        table = fitted_table(X, y, args.fitted_on or f"{len(y)} greedy answers ({args.folder})")
         lines = ["[confidence]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()]
         args.table.write_text("\n".join(lines) + "\n")
     if args.json:

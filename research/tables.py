@@ -502,6 +502,7 @@ def vote_pairs(k: int) -> list[tuple[str, str]]:
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "confidence-q05": Table([Source("docs/records/confidence_q05/candidates.json")], [], kind="confidence"),
+    "confidence-smollm2": Table([Source("docs/records/confidence_smollm2/candidates.json")], [], kind="confidence"),
     "test-split-readme": Table(
         BUILTIN,
         ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"],
