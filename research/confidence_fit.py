@@ -208,6 +208,37 @@ def markdown(results: dict, where: str) -> str:
     return "\n".join(lines)
 
 
+def applied(table_path: Path, items: dict, pieces: dict) -> dict:
+    """A card's fitted `[confidence]` table read on other items: its figures there."""
+    from sklearn.metrics import brier_score_loss, roc_auc_score
+
+    from entropix_mlx.sampling.confidence import AnswerConfidence
+    from entropix_mlx.sampling.settings import read_toml
+
+    model = AnswerConfidence.from_table(read_toml(table_path)["confidence"])
+    order = sorted(items)
+    y = np.array([items[i]["meta"]["correct"] for i in order], dtype=int)
+    p = np.array(
+        [model.probability(dict(zip(FEATURES, token_features(items[i], pieces[i], False), strict=True))) for i in order]
+    )
+    sure = p >= model.threshold
+    return {
+        "items": len(y),
+        "right": int(y.sum()),
+        "candidates": {
+            f"{table_path.name} [confidence], as fitted": {
+                "auroc": float(roc_auc_score(y, p)),
+                "auroc_sd": 0.0,
+                "ece": ece(p, y),
+                "brier": float(brier_score_loss(y, p)),
+                "acc_at_50": accuracy_at(p, y),
+                "sure_error": float(1 - y[sure].mean()) if sure.any() else None,
+                "sure_share": float(sure.mean()),
+            }
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
@@ -217,9 +248,16 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated candidate names")
     parser.add_argument("--table", type=Path, help="write the run-time features' fitted [confidence] table here (TOML)")
     parser.add_argument("--fitted-on", default="", help="what the table says it was fitted on")
+    parser.add_argument("--apply", type=Path, help="a card: read its fitted table on FOLDER's items instead of fitting")
     args = parser.parse_args()
     items = read_signals(args.folder)
     pieces = cached_pieces(args.folder / "pieces.json.gz", args.records, args.model, items)
+    if args.apply:
+        results = applied(args.apply, items, pieces)
+        print(json.dumps(results, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
+        return 0
     y = np.array([items[i]["meta"]["correct"] for i in sorted(items)], dtype=int)
     print(f"{len(y)} items, {y.mean():.1%} right")
     results = {}

@@ -503,6 +503,9 @@ TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "confidence-q05": Table([Source("docs/records/confidence_q05/candidates.json")], [], kind="confidence"),
     "confidence-smollm2": Table([Source("docs/records/confidence_smollm2/candidates.json")], [], kind="confidence"),
+    "confidence-smollm2-test": Table(
+        [Source("docs/records/confidence_smollm2_test/applied.json")], [], kind="confidence"
+    ),
     "test-split-readme": Table(
         BUILTIN,
         ["accuracy", "gen tokens", "cut off", *PAIRED, "p Holm", "records"],
