@@ -155,6 +155,16 @@ VerboseOpt = Annotated[
     bool,
     typer.Option("--verbose", help="The header also names the device, the weight format and the BLAS in use."),
 ]
+SureAtOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--sure-at",
+        min=0.0,
+        max=1.0,
+        show_default="the model card's",
+        help="The confidence (a probability of being right) below which the answer is flagged unsure.",
+    ),
+]
 BudgetOpt = Annotated[
     float | None,
     typer.Option(

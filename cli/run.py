@@ -42,6 +42,7 @@ from .options import (
     RepetitionPenaltyOpt,
     SamplerOpt,
     SeedOpt,
+    SureAtOpt,
     SystemOpt,
     TemperatureOpt,
     TopKOpt,
@@ -121,6 +122,7 @@ def run(
     reasoning: ReasoningOpt = False,
     json_schema: JsonSchemaOpt = None,
     verbose: VerboseOpt = False,
+    sure_at: SureAtOpt = None,
 ):
     """Answer PROMPT, streaming each token in the colour of the strategy that chose it."""
     params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
@@ -177,7 +179,8 @@ def run(
     def extra(summary) -> dict:
         # The answer is every seed's when the sampler never samples or drew none of its tokens.
         every_seed = deterministic(chooser) or every_seed_gives(chooser, summary)
-        confidence = loaded.confidence([e.to_dict() for e in generation.events], summary.finish_reason)
+        records = [e.to_dict() for e in generation.events]
+        confidence = loaded.confidence(records, summary.finish_reason, sure_at)
         more = {"deterministic": every_seed, "confidence": confidence}
         return more | ({"fields": answer_fields(generation)} if schema is not None else {})
 

@@ -118,6 +118,17 @@ def test_run_reports_the_cards_confidence_of_its_own_tokens(tmp_path, monkeypatc
     assert f"confidence {expected:.2f} ({got['verdict']})" in err
 
 
+def test_the_user_sets_the_threshold_below_which_an_answer_is_unsure(tmp_path, monkeypatch):
+    ref = tiny_with_card(tmp_path, monkeypatch, TABLE)
+    _, summary = json_run(ref, "--sampler", "greedy")
+    p = summary["confidence"]["confidence"]
+    for sure_at, verdict in ((p, "likely right"), (min(1.0, p + 0.01), "unsure"), (0.0, "likely right")):
+        _, summary = json_run(ref, "--sampler", "greedy", "--sure-at", str(sure_at))
+        assert summary["confidence"] == {"confidence": p, "verdict": verdict, "threshold": sure_at}
+    code, _, err = invoke("run", "-m", ref, "--sure-at", "1.5", "hi")
+    assert code == 2 and "--sure-at" in err
+
+
 def test_chat_shows_the_confidence_after_each_answer(tiny_ref):
     code, out, err = invoke("chat", "-m", tiny_ref, "--sampler", "greedy", "--max-tokens", "4", input="hi\nagain\n")
     assert code == 0
@@ -141,6 +152,10 @@ def test_the_server_gives_each_choice_its_confidence_from_its_own_records(tmp_pa
     loaded = make_loaded(make_tiny_model(), make_tiny_tokenizer(), tmp_path / "tiny.gguf", card=card)
     with app_on_a_port(Engine(loaded, PrefixCache(4, 4096))) as port:
         choice = post(port, body)
+        unsure = post(port, {**body, "sure_at": 1.0})["entropix_confidence"]
+        refused = request(port, "POST", "/v1/chat/completions", json.dumps({**body, "sure_at": 2}).encode(), {})
+    assert unsure["verdict"] == "unsure" and unsure["threshold"] == 1.0
+    assert refused[0] == 400 and json.loads(refused[1])["error"]["param"] == "sure_at"
     lp = np.array([r["logprob"] for r in choice["entropix"]])
     h = np.array([r["entropy"] for r in choice["entropix"]])
     z = -0.3 + 1.5 * (lp.mean() + 0.5) / 0.25 - 0.8 * (h.max() - 2.0)

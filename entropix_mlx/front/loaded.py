@@ -251,10 +251,11 @@ class LoadedModel:
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"the card's [confidence] table is not valid ({e}); run calibrate again") from None
 
-    def confidence(self, records: list[dict], finish_reason: str) -> dict:
+    def confidence(self, records: list[dict], finish_reason: str, sure_at: float | None = None) -> dict:
         """How likely an answer is right, from its token records (`TokenEvent.to_dict()`
         or the server's): {"confidence": P, "verdict": ..., "threshold": ...}, or
-        {"confidence": None, "verdict": "uncalibrated"} without a fitted table."""
+        {"confidence": None, "verdict": "uncalibrated"} without a fitted table. `sure_at`:
+        the threshold the user set, over the card's."""
         model = self.answer_confidence
         scored = [r for r in records if isinstance(r.get("entropy"), (int, float))]
         if model is None or not scored:
@@ -267,4 +268,5 @@ class LoadedModel:
             finish_reason in ("length", "context"),
         )
         p = model.probability(values)
-        return {"confidence": round(p, 4), "verdict": model.verdict(p), "threshold": model.threshold}
+        threshold = model.threshold if sure_at is None else sure_at
+        return {"confidence": round(p, 4), "verdict": model.verdict(p, threshold), "threshold": threshold}

@@ -105,8 +105,9 @@ class AnswerConfidence:
         )
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
-    def verdict(self, p: float) -> str:
-        return "likely right" if p >= self.threshold else "unsure"
+    def verdict(self, p: float, sure_at: float | None = None) -> str:
+        """ "likely right" at or above the threshold (the card's, or `sure_at`), else "unsure"."""
+        return "likely right" if p >= (self.threshold if sure_at is None else sure_at) else "unsure"
 
     @classmethod
     def from_table(cls, table: dict) -> "AnswerConfidence":

@@ -167,7 +167,7 @@ class Server:
         for answer, job in zip(answers, jobs, strict=True):
             answer.structured = p.json_schema is not None
             answer.tools = tuple(t["function"]["name"] for t in p.tools or ())
-            answer.no_calls = p.no_calls
+            answer.no_calls, answer.sure_at = p.no_calls, p.sure_at
             answer.seeded = seeded_strategies(job.sampler, self.engine.loaded.model.args.vocab_size)
         events = relay(jobs, [self.engine.submit(job) for job in jobs])
         headers = {"X-Entropix-Warning": " ".join(warnings)} if warnings else {}

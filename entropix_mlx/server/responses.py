@@ -59,6 +59,7 @@ class Answer:
         self.candidate = None  # deliberate's row for this choice (its answer, confidence, score)
         self.deliberation = None  # deliberate's table and rule line, for the chosen answer's end
         self.confidence = None  # how likely the answer is right (LoadedModel.confidence), at its end
+        self.sure_at = None  # the request's threshold for that (None: the card's)
         self.tools = ()  # the names of the tools it was told of: its calls are read from the answer
         self.no_calls = False  # tool_choice "none": call markup written anyway is dropped, never a call
         self.seeded = ()  # the strategies whose tokens the seed draws (registry.seeded_strategies)
@@ -157,7 +158,7 @@ class Answer:
         deliberate, why it chose (what `run` prints under the answer)."""
         self.text += tail
         self.finish_reason = finish if finish != "cancelled" else "stop"
-        self.confidence = loaded.confidence(self.records, self.finish_reason)
+        self.confidence = loaded.confidence(self.records, self.finish_reason, self.sure_at)
         deliberation = getattr(summary, "deliberation", None)
         if deliberation is not None:
             self.deliberation = {k: deliberation[k] for k in ("chosen", "reason", "table")}

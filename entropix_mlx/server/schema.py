@@ -57,6 +57,7 @@ class Params:
     reasoning: bool = False  # entropix's reasoning profile (sampling/config.py)
     json_schema: dict | bool | None = None  # response_format's schema (None: plain text)
     n: int = 1  # choices
+    sure_at: float | None = None  # the confidence below which an answer is flagged unsure (None: the card's)
     tools: list | None = None  # the tools the model is told of (None: none, or tool_choice "none")
     tool_call: str | None = None  # "required", a tool's name (that call only), None: the model decides
     no_calls: bool = False  # tool_choice "none" with tools: call markup written anyway is no content
@@ -304,6 +305,7 @@ def parse(body, chat: bool, sampler_names) -> Params:
     limit = _integer(body, "max_completion_tokens", 1)
     p.max_tokens = limit if limit is not None else _integer(body, "max_tokens", 1)
     p.seed = _integer(body, "seed", 0, 2**63 - 1)
+    p.sure_at = _number(body, "sure_at", 0, 1)
     p.overrides = {name: _parameter(body, name) for name in PARAMETERS}
     p.penalties = {
         "presence": _number(body, "presence_penalty", -2, 2),
