@@ -40,3 +40,15 @@ def test_the_gate_replay_takes_staged_where_it_spends():
     assert replay({1}, rows) == ({1: 1, 2: 1}, 380)
     assert replay(set(), rows) == ({1: 0, 2: 1}, 180)
     assert replay({1, 2}, rows) == ({1: 1, 2: 0}, 500)
+
+
+def test_reliability_and_risk_coverage_by_hand():
+    from research.confidence_charts import reliability, risk_coverage
+
+    p = np.array([0.95, 0.9, 0.15, 0.1])
+    y = np.array([1, 0, 0, 0])
+    rows = reliability(p, y)  # 0.1 and 0.15 share a bin
+    assert [r[2] for r in rows] == [2, 2] and [r[1] for r in rows] == [0.0, 0.5]
+    assert [r[0] for r in rows] == pytest.approx([0.125, 0.925])
+    coverage, risk = risk_coverage(p, y)
+    assert coverage.tolist() == [0.25, 0.5, 0.75, 1.0] and risk.tolist() == pytest.approx([0, 0.5, 2 / 3, 0.75])
