@@ -59,6 +59,20 @@ def row(name, right, tokens, greedy, greedy_tokens, against=None) -> dict:
     return out
 
 
+def markdown(result: dict, where: str) -> str:
+    """One row a rule (`--json`'s): accuracy, tokens against greedy's, paired against greedy and the random gate."""
+    lines = [
+        f"| rule ({result['check']} held-out items; the confidence's AUROC there {result['auroc']:.3f}) | accuracy"
+        " | tokens × greedy | W/L vs greedy | p | W/L vs random gate, same share | p | records |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        against = f"{r['vs_random']} | {r['p_random']:.3f}" if "vs_random" in r else " | "
+        vs = f"{r['vs_greedy']} | {r['p_greedy']:.3f}" if r["rule"] != "greedy" else " | "
+        lines.append(f"| {r['rule']} | {r['accuracy']:.1%} | {r['x_greedy']:.2f} | {vs} | {against} | {where} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("signals", type=Path)

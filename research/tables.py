@@ -41,6 +41,7 @@ from entropix_mlx.sampling.deliberate_config import shipped_reasoning
 from .acceptance import markdown as acceptance_markdown
 from .code_check import summarize as summarize_code
 from .confidence_fit import markdown as confidence_markdown
+from .confidence_gate import markdown as gate_markdown
 from .cost_records import markdown as costs_markdown
 from .cost_records import summarize as summarize_costs
 from .gated_replay import (
@@ -250,7 +251,7 @@ def pool_rows(table: Table) -> dict:
 def read_by_kind(table: Table) -> dict | None:
     """The results of a table that is not rows of samplers (None for one that is)."""
     folder = ROOT / table.sources[0].path
-    if table.kind == "confidence":  # research/confidence_fit.py's figures, as it wrote them
+    if table.kind.startswith("confidence"):  # research/confidence_fit.py's or _gate.py's figures, as written
         return json.loads((ROOT / table.sources[0].path).read_text())
     if table.kind == "costs":  # research/sampler_costs.py's runs, every one in the folder
         return summarize_costs(folder, ROOT)
@@ -345,8 +346,9 @@ def cell(column: str, s: dict, greedy: dict) -> str:
 def markdown(table: Table, results: dict) -> str:
     if table.kind == "categories":
         return category_markdown(table, results)
-    if table.kind == "confidence":
-        return confidence_markdown(results, table.sources[0].path)
+    if table.kind.startswith("confidence"):
+        mark = gate_markdown if table.kind == "confidence-gate" else confidence_markdown
+        return mark(results, table.sources[0].path)
     if table.kind == "costs":
         return costs_markdown(results)
     if table.kind == "code":
@@ -502,6 +504,7 @@ def vote_pairs(k: int) -> list[tuple[str, str]]:
 TABLES = {
     "sampler-costs": Table(COSTS, [], kind="costs"),
     "confidence-q05": Table([Source("docs/records/confidence_q05/candidates.json")], [], kind="confidence"),
+    "confidence-gate-q05": Table([Source("docs/records/confidence_q05/gate.json")], [], kind="confidence-gate"),
     "confidence-smollm2": Table([Source("docs/records/confidence_smollm2/candidates.json")], [], kind="confidence"),
     "confidence-smollm2-test": Table(
         [Source("docs/records/confidence_smollm2_test/applied.json")], [], kind="confidence"
