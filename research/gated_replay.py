@@ -528,8 +528,9 @@ def ranking(folder: Path, sampler: str) -> dict:
     the least sure of all)."""
     pool = read_pool(folder, sampler)
     chains = [candidates(record)[0] for _, record in pool]
-    # One prompt's tokens: the greedy row's (a pool record's `prompt_tokens` sums its candidates' prompts).
-    context = [greedy["prompt_tokens"] + g.own for (greedy, _), g in zip(pool, chains, strict=True)]
+    # One prompt's tokens: the greedy row's (a pool record's `prompt_tokens` sums its candidates'
+    # prompts); a pool without greedy rows has only its own.
+    context = [(greedy or record)["prompt_tokens"] + g.own for (greedy, record), g in zip(pool, chains, strict=True)]
     reads = {s: [signals(g)[s] if g.ended else -math.inf for g in chains] for s in SIGNALS}
     reads[LENGTH] = [-g.own if g.ended else -math.inf for g in chains]
     return {
