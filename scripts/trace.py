@@ -182,7 +182,8 @@ def main() -> int:
             (folder / sub).mkdir(mode=0o700)
 
         def emit(record):
-            out.write(json.dumps(record, sort_keys=True) + "\n")
+            # The temporary folder's name differs between any two traces: it is written as TMP.
+            out.write(json.dumps(record, sort_keys=True).replace(str(folder), "TMP") + "\n")
             out.flush()
 
         for model in ("smollm2-135m", tiny_gguf(folder / "tiny.gguf")):
