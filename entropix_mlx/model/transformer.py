@@ -125,7 +125,7 @@ class Transformer(nn.Module):
         rotations = [self._rotations(seg, backend) if backend.takes(h) else {} for seg in segments]
         scores = [[] for _ in segments]
         pipelined = backend.pipelined(h)  # the layers built so far computed while the next are built
-        keep = {i % len(self.layers) for i in hidden_at}
+        keep = {i % len(self.layers) for i in hidden_at} if hidden_at else ()  # (none on a decode step)
         kept = {}
         for i, layer in enumerate(self.layers):
             h, layer_scores = layer(h, segments, masks, i, rotations, backend)
